@@ -1,0 +1,188 @@
+"""The abstract interfaces every part implements.
+
+Each kind has one main abstract method, a nested ``Config`` dataclass (YAML keys are validated
+against its fields; an unknown key is an error) and ``metrics()`` logged as
+``train/<kind>/<key>``. Parts are built through :mod:`creditlab.registry`, never ``_target_``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from creditlab.types import (
+    Advantages,
+    Completion,
+    GenerationRequest,
+    Problem,
+    ResetPoint,
+    Rewards,
+    RolloutBatch,
+    SamplingParams,
+    Segments,
+    Spans,
+    Trajectory,
+)
+
+
+@dataclass
+class EmptyConfig:
+    """A part with no options."""
+
+
+class Part(abc.ABC):
+    """Shared base: holds the validated config and reports metrics."""
+
+    #: Registry kind, set on each interface below.
+    kind: ClassVar[str] = ""
+    #: The part's config schema. Subclasses override with their own dataclass.
+    Config: ClassVar[type] = EmptyConfig
+
+    def __init__(self, config: Any | None = None) -> None:
+        self.config = config if config is not None else self.Config()
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars accumulated since the last call (then reset), logged as train/<kind>/<key>."""
+        return {}
+
+
+class PolicyHandle(abc.ABC):
+    """What a part may ask of the current policy, without knowing Lightning or the backend."""
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (a ``transformers`` tokenizer)."""
+
+    @property
+    @abc.abstractmethod
+    def rng(self) -> torch.Generator:
+        """The step's random generator (deterministic in seed and step)."""
+
+    @abc.abstractmethod
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced next-token log-probs, no grad.
+
+        Args:
+            input_ids: (B, L) long.
+            attention_mask: (B, L) long.
+
+        Returns:
+            (B, L) float: entry ``[b, j]`` is log p(input_ids[b, j] | input_ids[b, :j]); column 0
+            is 0.
+        """
+
+    @abc.abstractmethod
+    def input_gradients(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        objective: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradient of a scalar objective with respect to the input embeddings.
+
+        Args:
+            input_ids: (B, L) long.
+            attention_mask: (B, L) long.
+            objective: Callable ``(embeddings (B, L, D), logits (B, L, V)) -> scalar`` built by
+                the caller; it may perturb nothing (embeddings are passed for reference).
+
+        Returns:
+            ``(embeddings, gradients)``, both (B, L, D), detached.
+        """
+
+    @abc.abstractmethod
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[Completion]:
+        """Generate with the current policy (not trained on unless the caller says so)."""
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Prompt text to token ids, as the backend would encode a problem prompt."""
+
+
+class Task(Part):
+    """A source of problems."""
+
+    kind = "task"
+
+    @abc.abstractmethod
+    def load(self, split: str) -> Sequence[Problem]:
+        """Problems of ``split`` (``"train"`` or ``"test"``)."""
+
+
+class GenerationBackend(Part):
+    """Samples completions from the policy."""
+
+    kind = "backend"
+
+    def __init__(self, config: Any | None = None, *, model: Any, tokenizer: Any) -> None:
+        """Args: config: the backend's Config; model: the policy (a ``transformers`` causal LM,
+        the very module being trained); tokenizer: its tokenizer."""
+        super().__init__(config)
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @abc.abstractmethod
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[Completion]:
+        """One completion per request, in request order."""
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:  # noqa: B027
+        """Sync the engine's weights with the trainer's. No-op for backends sharing the module."""
+
+
+class Verifier(Part):
+    """Scores completions."""
+
+    kind = "verifier"
+
+    @abc.abstractmethod
+    def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
+        """One reward per (problem, completion) pair."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release worker processes or other resources."""
+
+
+class Segmenter(Part):
+    """Splits responses into spans (steps, thoughts, segments)."""
+
+    kind = "segmenter"
+
+    @abc.abstractmethod
+    def segment(self, batch: RolloutBatch) -> Segments:
+        """Spans per trajectory, partitioning ``batch.response_mask`` exactly."""
+
+
+class ResetSelector(Part):
+    """Picks where to reset a failed trajectory."""
+
+    kind = "reset_selector"
+
+    @abc.abstractmethod
+    def select(self, trajectory: Trajectory, spans: Spans, ctx: PolicyHandle) -> ResetPoint:
+        """A segment index of ``trajectory`` to regenerate from, or ``ResetPoint(None)``."""
+
+
+class AdvantageEstimator(Part):
+    """Turns rewards (and anything it asks of the policy) into per-token advantages."""
+
+    kind = "advantage"
+
+    @abc.abstractmethod
+    def estimate(self, batch: RolloutBatch, ctx: PolicyHandle) -> Advantages:
+        """``(B, T)`` advantages, zero wherever ``batch.loss_mask`` is 0."""
+
+
+#: Registry kind -> interface. The order is the order of ``creditlab plugins``.
+INTERFACES: dict[str, type[Part]] = {
+    cls.kind: cls
+    for cls in (Task, GenerationBackend, Verifier, Segmenter, ResetSelector, AdvantageEstimator)
+}

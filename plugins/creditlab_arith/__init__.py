@@ -1,0 +1,1 @@
+"""creditlab_arith plug-in."""

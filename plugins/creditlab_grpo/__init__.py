@@ -1,0 +1,1 @@
+"""creditlab_grpo plug-in."""

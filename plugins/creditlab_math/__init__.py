@@ -1,0 +1,1 @@
+"""creditlab_math plug-in."""
