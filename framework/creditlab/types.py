@@ -43,6 +43,7 @@ class SamplingParams:
 
     ``top_k=0`` means no top-k truncation; ``temperature=0`` means greedy decoding.
     ``stop`` strings end a sequence after the token that completes them (kept in the output).
+    ``seed`` seeds the call's sampling RNG (same seed + same requests => same completions).
     """
 
     temperature: float = 1.0
@@ -50,6 +51,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,10 @@ class GenerationRequest:
     Attributes:
         prompt_ids: Token ids of the prompt.
         prefix_ids: Response token ids to continue from (a reset prefix); never re-tokenized.
-        seed: Optional per-request sampling seed; the backend derives its RNG from it.
     """
 
     prompt_ids: tuple[int, ...]
     prefix_ids: tuple[int, ...] = ()
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
