@@ -156,6 +156,12 @@ class Segmenter(Part):
 
     kind = "segmenter"
 
+    def __init__(self, config: Any | None = None, *, tokenizer: Any = None) -> None:
+        """Args: config: the segmenter's Config; tokenizer: the policy's tokenizer (segmenters
+        that look at token text need it)."""
+        super().__init__(config)
+        self.tokenizer = tokenizer
+
     @abc.abstractmethod
     def segment(self, batch: RolloutBatch) -> Segments:
         """Spans per trajectory, partitioning ``batch.response_mask`` exactly."""

@@ -173,20 +173,23 @@ class Registry(Generic[T]):
         return obj
 
 
-def build_config(cls: type[Part], options: Mapping[str, Any], where: str) -> Any:
-    """Instantiate ``cls.Config`` from ``options``, rejecting unknown keys and wrong types."""
-    schema = cls.Config
+def build_config(schema: type, options: Mapping[str, Any], where: str) -> Any:
+    """Instantiate the dataclass ``schema`` from ``options``, rejecting unknown keys and wrong
+    types with a message naming the key (``where.key``), the closest valid key and all of them."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     for key in options:
         if key not in fields:
             hint = closest(key, list(fields))
             did_you_mean = f" Did you mean '{where}.{hint}'?" if hint else ""
             raise ConfigError(
-                f"unknown key '{where}.{key}' for {cls.__name__}.{did_you_mean} "
+                f"unknown key '{where}.{key}' ({schema.__qualname__}).{did_you_mean} "
                 f"Valid keys: {', '.join(sorted(fields)) or '(none)'}."
             )
     values = {k: _coerce(v, fields[k], f"{where}.{k}") for k, v in options.items()}
-    return schema(**values)
+    try:
+        return schema(**values)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid '{where}': {exc}") from exc
 
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
@@ -221,7 +224,7 @@ def build_part(kind: str, options: Mapping[str, Any], **kwargs: Any) -> Part:
     if not name:
         raise ConfigError(f"'{kind}' needs a 'name' (one of: {', '.join(REGISTRIES[kind].names())}).")
     cls = REGISTRIES[kind].get(name)
-    config = build_config(cls, options, kind)
+    config = build_config(cls.Config, options, kind)
     return cls(config, **kwargs)
 
 

@@ -1,0 +1,162 @@
+"""``creditlab train | plugins``.
+
+``creditlab train [overrides] [-m]`` checks the overrides first (composing the config and
+validating every section and plug-in name), so mistakes end with one clear line naming the fix
+instead of a traceback; then it hands over to Hydra, which runs one job or a multirun sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+from creditlab.registry import REGISTRIES, ConfigError, RegistryError, closest
+
+HYDRA_FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"}
+
+
+def _error(message: str) -> None:
+    print(f"creditlab: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _first_of_sweeps(overrides: list[str]) -> list[str]:
+    """Replace each sweep override (``a=1,2`` / ``range(...)`` / ``choice(...)``) by its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for text, ov in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+        if ov.is_sweep_override():
+            first = next(iter(ov.sweep_string_iterator()))
+            prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
+            text = f"{prefix}{ov.get_key_element()}={first}"
+        out.append(text)
+    return out
+
+
+def compose(overrides: list[str]) -> Any:
+    """The composed config for ``overrides`` (with the Hydra node available for interpolation)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from creditlab.hydra_plugins import searchpath_override
+    from creditlab.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
+        return hydra_compose("train", overrides=[*searchpath_override(), *overrides])
+
+
+def _explain(exc: Exception, overrides: list[str]) -> str:
+    """Turn a Hydra composition error into a message that names the fix."""
+    text = str(exc)
+    cause = str(exc.__cause__ or "")
+    missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    if missing:
+        group, option = missing.groups()
+        options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
+        hint = closest(option, options)
+        return (
+            f"unknown {group} '{option}'." + (f" Did you mean '{group}={hint}'?" if hint else "")
+            + f" Available: {', '.join(options) or '(none)'}."
+        )
+    bad_key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", cause)
+    if bad_key:
+        path = bad_key.group(1)
+        parent, _, leaf = path.rpartition(".")
+        others = [o for o in overrides if not o.lstrip("+~").startswith(path + "=")]
+        try:
+            node = compose(others)
+            for part in filter(None, parent.split(".")):
+                node = node[part]
+            keys = [str(k) for k in node.keys()]
+        except Exception:
+            keys = []
+        hint = closest(leaf, keys)
+        where = f"'{parent}'" if parent else "the top level"
+        return (
+            f"unknown config key '{path}'." + (f" Did you mean '{(parent + '.') if parent else ''}{hint}'?" if hint else "")
+            + (f" Keys under {where}: {', '.join(sorted(keys))}." if keys else "")
+            + f" (Add a genuinely new key with '+{path}=...'.)"
+        )
+    return text + (f" ({cause})" if cause else "")
+
+
+def check(overrides: list[str]) -> Any:
+    """Compose and validate; exit with a clear message on any mistake. Returns the config."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from creditlab.train import validate
+
+    try:
+        cfg = compose(_first_of_sweeps(overrides))
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        _error(_explain(exc, overrides))
+    try:
+        validate(cfg)
+    except (ConfigError, RegistryError) as exc:
+        _error(str(exc))
+    return cfg
+
+
+def train(argv: list[str]) -> None:
+    """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``)."""
+    overrides, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in HYDRA_FLAGS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+    if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
+        check(overrides)
+    from creditlab.hydra_main import main as hydra_main
+
+    from creditlab.hydra_plugins import searchpath_override
+
+    sys.argv = ["creditlab train", *searchpath_override(), *argv]
+    hydra_main()
+
+
+def plugins(argv: list[str]) -> None:
+    """Print every registered part: kind, name, distribution, version, module:attr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="creditlab plug-ins")
+    for col in ("kind", "name", "distribution", "version", "target"):
+        table.add_column(col)
+    for kind, reg in REGISTRIES.items():
+        try:
+            entries = list(reg)
+        except RegistryError as exc:
+            table.add_row(kind, "[red]error[/red]", "", "", str(exc))
+            continue
+        for e in entries:
+            table.add_row(kind, e.name, e.dist, e.version, e.target)
+    Console(width=160).print(table)
+
+
+COMMANDS = {"train": train, "plugins": plugins}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            hint = closest(argv[0], list(COMMANDS))
+            print(f"creditlab: unknown command '{argv[0]}'." + (f" Did you mean '{hint}'?" if hint else ""), file=sys.stderr)
+        print("usage: creditlab {train,plugins} [args]\n"
+              "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
+              "  plugins                      list registered parts", file=sys.stderr)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

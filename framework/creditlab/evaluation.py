@@ -1,0 +1,103 @@
+"""Held-out evaluation: greedy pass@1 and the unbiased pass@k estimator.
+
+pass@k follows Chen et al. 2021 (arXiv 2107.03374): with n samples of which c are correct,
+pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from math import comb
+from typing import Any
+
+from creditlab.interfaces import GenerationBackend, PolicyHandle, Verifier
+from creditlab.types import GenerationRequest, Problem
+
+
+@dataclass
+class EvalConfig:
+    """Periodic evaluation.
+
+    Attributes:
+        every: Evaluate every this many RL steps (and at steps 0 and the last); 0 = never.
+        problems: How many test problems (0 = all).
+        samples: Samples per problem for pass@k (0 = greedy only).
+        k: The k of pass@k (must be <= samples).
+        temperature: Sampling temperature for pass@k.
+        batch_size: Requests per generate call.
+    """
+
+    every: int = 10
+    problems: int = 100
+    samples: int = 0
+    k: int = 4
+    temperature: float = 1.0
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.samples and not 1 <= self.k <= self.samples:
+            raise ValueError(f"eval.k must be in [1, eval.samples={self.samples}], got {self.k}")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with ``c`` correct out of ``n`` samples."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def _solve(
+    backend: GenerationBackend,
+    verifier: Verifier,
+    ctx: PolicyHandle,
+    problems: Sequence[Problem],
+    repeats: int,
+    rollout: Any,
+    temperature: float,
+    seed: int,
+    batch_size: int,
+) -> list[list[float]]:
+    from creditlab.rollout import sample
+
+    owners = [p for p in problems for _ in range(repeats)]
+    requests = [GenerationRequest(ctx.encode(p.prompt)) for p in owners]
+    sampling = replace(rollout.sampling(seed), temperature=temperature, top_p=1.0, top_k=0)
+    rewards: list[float] = []
+    for s in range(0, len(requests), batch_size):
+        completions = sample(backend, requests[s : s + batch_size], rollout, sampling)
+        rewards.extend(verifier.score(owners[s : s + batch_size], completions).values)
+    return [rewards[i * repeats : (i + 1) * repeats] for i in range(len(problems))]
+
+
+def evaluate(
+    backend: GenerationBackend,
+    verifier: Verifier,
+    ctx: PolicyHandle,
+    problems: Sequence[Problem],
+    cfg: EvalConfig,
+    rollout: Any,
+    seed: int,
+) -> dict[str, float]:
+    """``eval/pass@1`` (greedy) and, with ``cfg.samples``, ``eval/pass@k`` and mean accuracy.
+
+    A reward > 0.5 counts as solved. Verifier outcome metrics are drained and not mixed into the
+    training counts.
+    """
+    problems = list(problems[: cfg.problems] if cfg.problems else problems)
+    if not problems:
+        return {}
+    verifier.metrics()  # training counts were logged already; start clean
+    greedy = _solve(backend, verifier, ctx, problems, 1, rollout, 0.0, seed, cfg.batch_size)
+    out = {"eval/pass@1": sum(r[0] > 0.5 for r in greedy) / len(problems)}
+    if cfg.samples:
+        sampled = _solve(
+            backend, verifier, ctx, problems, cfg.samples, rollout, cfg.temperature, seed, cfg.batch_size
+        )
+        correct = [sum(x > 0.5 for x in r) for r in sampled]
+        out[f"eval/pass@{cfg.k}"] = sum(pass_at_k(cfg.samples, c, cfg.k) for c in correct) / len(problems)
+        out["eval/sample_accuracy"] = sum(correct) / (cfg.samples * len(problems))
+    out.update({f"eval/verifier/{k}": v for k, v in verifier.metrics().items()})
+    return out

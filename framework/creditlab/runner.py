@@ -1,0 +1,160 @@
+"""Assemble a run from validated config sections and fit it with Lightning."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from creditlab.datamodule import TaskDataModule
+from creditlab.loggers import JsonlLogger, read_metrics
+from creditlab.module import CreditAssignmentModule, Parts
+from creditlab.policy import load_policy
+from creditlab.rollout import RolloutPlanner
+from creditlab.train import build_parts
+
+log = logging.getLogger(__name__)
+
+
+def _resume_path(resume: str | None, out_dir: Path) -> Path | None:
+    if not resume:
+        return None
+    if resume == "auto":
+        last = out_dir / "checkpoints" / "last.ckpt"
+        return last if last.exists() else None
+    path = Path(resume)
+    if not path.exists():
+        raise FileNotFoundError(f"resume={resume}: no such checkpoint. Use resume=auto or null.")
+    return path
+
+
+def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: Any) -> list[Any]:
+    loggers: list[Any] = [JsonlLogger(out_dir / "metrics.jsonl", resume_step)]
+    for name, node in (cfg.get("logger") or {}).items():
+        if node is None:
+            continue
+        kwargs: dict[str, Any] = {"save_dir": str(out_dir)}
+        if "WandbLogger" in str(node.get("_target_", "")):
+            kwargs.update(
+                name=out_dir.name,
+                id=node.get("id") or f"{out_dir.name}-{hashlib.md5(str(out_dir.resolve()).encode()).hexdigest()[:8]}",
+                group=node.get("group") or run_cfg.method,
+                tags=list(node.get("tags") or []) + list(run_cfg.tags or []) + [run_cfg.method],
+            )
+        logger = instantiate(node, **kwargs)
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        loggers.append(logger)
+    return loggers
+
+
+def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Build model, parts, data, module and trainer; fit; return the last logged metrics."""
+    run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
+    L.seed_everything(run_cfg.seed, workers=True, verbose=False)
+    if loss.agg == "seq-mean-token-sum-norm" and loss.norm_constant is None:
+        loss = replace(loss, norm_constant=float(rollout.response_budget))
+
+    model, tokenizer, model_path = load_policy(checked["model"])
+    parts = build_parts(checked, model, tokenizer)
+    reference = None
+    if loss.kl_coef > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    planner = RolloutPlanner(rollout, parts["backend"], parts["verifier"], parts["reset_selector"])
+    steps = int(cfg.trainer.max_steps)
+    data = TaskDataModule(parts["task"], run_cfg.prompts_per_step, steps, run_cfg.seed)
+    module = CreditAssignmentModule(
+        model, tokenizer,
+        Parts(parts["backend"], parts["verifier"], parts["segmenter"], parts["advantage"], planner),
+        data.problems_for_step, data.test_problems, loss, rollout, eval_cfg,
+        instantiate(cfg.optim, _partial_=True), run_cfg.seed, run_cfg.grad_clip, reference,
+    )
+
+    ckpt = _resume_path(run_cfg.resume, out_dir)
+    resume_step = None
+    if ckpt is not None:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        resume_step = int(state["global_step"]) // loss.updates_per_batch
+        print(f"[creditlab] resuming from {ckpt} at RL step {resume_step}")
+    updates = loss.updates_per_batch
+    every = run_cfg.checkpoint_every or steps
+    callbacks = [ModelCheckpoint(
+        dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
+        save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
+    )]
+    trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir))
+    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=_loggers(cfg, out_dir, resume_step, run_cfg))
+    try:
+        trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
+    finally:
+        parts["verifier"].close()
+    rows = read_metrics(out_dir / "metrics.jsonl")
+    summary = _summarize(rows, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _print_summary(summary, out_dir, model_path)
+    return summary
+
+
+def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+    evals = [r for r in rows if "eval/pass@1" in r]
+    train = [r for r in rows if "train/reward/mean" in r]
+    summary: dict[str, Any] = {"steps": max((r["step"] for r in train), default=0)}
+    if evals:
+        summary["eval_pass@1_first"] = evals[0]["eval/pass@1"]
+        summary["eval_pass@1_last"] = evals[-1]["eval/pass@1"]
+        summary["eval_steps"] = [r["step"] for r in evals]
+    if train:
+        summary["train_reward_last"] = train[-1]["train/reward/mean"]
+        summary["time_s"] = train[-1].get("time/train_s")
+    try:
+        summary["plot"] = str(_plot(train, evals, out_dir / "curves.png"))
+    except Exception as exc:  # plotting must never lose a finished run
+        log.warning("could not plot learning curves: %s", exc)
+    return summary
+
+
+def _plot(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in train], [r["train/reward/mean"] for r in train], label="train reward", alpha=0.6)
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval/pass@1"] for r in evals], "o-", label="held-out pass@1 (greedy)")
+    ax.set_xlabel("RL step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _print_summary(summary: dict[str, Any], out_dir: Path, model_path: str) -> None:
+    lines = [f"[creditlab] run finished: {out_dir}"]
+    if "eval_pass@1_first" in summary:
+        lines.append(
+            f"  held-out pass@1: {summary['eval_pass@1_first']:.3f} (step 0) -> "
+            f"{summary['eval_pass@1_last']:.3f} (step {summary['eval_steps'][-1]})"
+        )
+    lines.append(f"  metrics: {out_dir / 'metrics.jsonl'}   config: {out_dir / 'config.yaml'}")
+    if "plot" in summary:
+        lines.append(f"  plot:    {summary['plot']}")
+    wandb_dir = out_dir / "wandb"
+    if wandb_dir.exists():
+        lines.append(f"  W&B offline run: {wandb_dir} (upload with `wandb sync {wandb_dir}/offline-run-*`)")
+    lines.append(f"  model:   {model_path}")
+    print("\n".join(lines))
