@@ -1,0 +1,425 @@
+"""Policy-gradient losses: per-token losses, KL estimators and batch-split-invariant aggregation.
+
+Everything here is a pure function of tensors. Shapes: ``B`` sequences (``b`` in one micro-batch),
+``T`` response positions, ``V`` vocabulary entries. A position is *trained* when its
+``loss_mask > 0``; the mask value is used as a weight (``ℓ·M``), so 0/1 masks give the usual sums.
+
+**Normalization invariant to micro-batching, gradient accumulation and data parallel.** The
+denominators (trained-token count, count of sequences with >= 1 trained token, the constant
+``T_max``) are computed ONCE for the whole mini-batch into :class:`MiniBatchStats`. Each call of
+:func:`aggregate` / :func:`policy_loss` returns one micro-batch's *contribution*: the sum of the
+contributions of all micro-batches of a rank, times ``1/world_size`` summed over ranks, equals the
+full mini-batch loss. Gradients: backward each contribution (accumulating into ``.grad``) and let
+DDP *average* gradients over ranks — contributions are multiplied by ``stats.world_size`` so that
+this average is exactly the full-batch gradient. With ``world_size=1``: sum of contributions =
+full loss.
+
+**Aggregation modes** (``Σ_t`` over a sequence's trained tokens, ``mean_i`` over the N sequences
+with at least one trained token — sequences with no trained token contribute 0 and are not
+counted; an all-masked mini-batch gives loss 0):
+
+* ``token-mean``: ``Σ_{i,t} ℓM / Σ_{i,t} M``.
+* ``seq-mean-token-mean``: ``mean_i [Σ_t ℓM / Σ_t M]``.
+* ``seq-mean-token-sum``: ``mean_i Σ_t ℓM``.
+* ``seq-mean-token-sum-norm``: ``mean_i Σ_t ℓM / T_max`` = ``Σ_{i,t} ℓM / (N·T_max)``.
+  Deviation from METHODS.md's table (``Σ_{i,t} ℓM / T_max``): we keep the ``1/G`` mean over
+  sequences of the Dr. GRPO objective (arXiv 2503.20783, eq. for Dr. GRPO), so the scale does not
+  grow with the mini-batch size. ``T_max`` is ``LossConfig.norm_constant`` (the generation budget).
+
+**Garbage safety.** Values at untrained positions (old/ref log-probs, advantages, padding columns)
+never reach the loss or the gradient: they are replaced by 0 with ``torch.where`` *before* any
+``exp``, so even ``inf``/``NaN`` there is harmless. The policy log-probs themselves must be finite
+(they come from the model's logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from creditlab.registry import ConfigError
+
+MODES = ("reinforce", "clip")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+#: The log-ratio is clamped to ±this before ``exp`` in the clipped surrogate (as verl does), so an
+#: extreme mismatch cannot overflow to ``inf``. It changes nothing for |log ρ| <= 20.
+LOG_RATIO_CLAMP = 20.0
+
+
+@dataclass
+class LossConfig:
+    """Policy-loss settings.
+
+    Attributes:
+        mode: ``"reinforce"`` (``-A·log π``) or ``"clip"`` (PPO clipped surrogate).
+        agg: Aggregation mode, one of :data:`AGG_MODES` (see the module docstring).
+        clip_eps_low: ε_low; the ratio is clipped below at ``1 - clip_eps_low``. In [0, 1).
+        clip_eps_high: ε_high; the ratio is clipped above at ``1 + clip_eps_high``. >= 0.
+        dual_clip: Dual-clip constant c > 1 for tokens with A < 0 (loss capped at ``-c·A``),
+            or ``None``.
+        kl_coef: β, weight of the KL-to-reference penalty added to every token's loss. >= 0.
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (see :func:`kl_penalty`).
+        norm_constant: ``T_max`` for ``seq-mean-token-sum-norm`` (required and > 0 then).
+        updates_per_batch: Optimizer updates (mini-batches) per rollout batch. >= 1.
+        micro_batch_size: Sequences per forward/backward; 0 = the whole mini-batch.
+    """
+
+    mode: str = "clip"
+    agg: str = "seq-mean-token-mean"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    norm_constant: float | None = None
+    updates_per_batch: int = 1
+    micro_batch_size: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, want: str) -> ConfigError:
+            return ConfigError(f"LossConfig.{name} must be {want}; got {getattr(self, name)!r}.")
+
+        if self.mode not in MODES:
+            raise bad("mode", f"one of {', '.join(MODES)}")
+        if self.agg not in AGG_MODES:
+            raise bad("agg", f"one of {', '.join(AGG_MODES)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise bad("kl_estimator", f"one of {', '.join(KL_ESTIMATORS)}")
+        if not 0.0 <= self.clip_eps_low < 1.0:
+            raise bad("clip_eps_low", "in [0, 1)")
+        if not self.clip_eps_high >= 0.0:
+            raise bad("clip_eps_high", ">= 0")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise bad("dual_clip", "null or a number > 1")
+        if not self.kl_coef >= 0.0:
+            raise bad("kl_coef", ">= 0")
+        if self.agg == "seq-mean-token-sum-norm":
+            if self.norm_constant is None or not self.norm_constant > 0:
+                raise bad("norm_constant", "a number > 0 (T_max) when agg is "
+                          "'seq-mean-token-sum-norm'")
+        elif self.norm_constant is not None and not self.norm_constant > 0:
+            raise bad("norm_constant", "null or a number > 0")
+        if isinstance(self.updates_per_batch, bool) or not (
+            isinstance(self.updates_per_batch, int) and self.updates_per_batch >= 1
+        ):
+            raise bad("updates_per_batch", "an integer >= 1")
+        if isinstance(self.micro_batch_size, bool) or not (
+            isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 0
+        ):
+            raise bad("micro_batch_size", "an integer >= 0 (0 = whole mini-batch)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probabilities, entropy, KL
+# ---------------------------------------------------------------------------------------------
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}.")
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def gather_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """Log-probabilities of ``ids`` under ``softmax(logits / temperature)``.
+
+    Computed as ``logit[id]/τ - logsumexp(logits/τ)`` without materializing the full log-softmax.
+    Half-precision logits are upcast to float32.
+
+    Args:
+        logits: (B, T, V).
+        ids: (B, T) long, each in [0, V) (pad ids included).
+        temperature: τ > 0, the sampling temperature.
+
+    Returns:
+        (B, T) float log-probs.
+    """
+    z = _scaled(logits, temperature)
+    picked = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of ``softmax(logits / temperature)`` at every position.
+
+    Args:
+        logits: (B, T, V).
+        temperature: τ > 0.
+
+    Returns:
+        (B, T) float entropies ``logsumexp(z) - Σ_v softmax(z)_v z_v`` with ``z = logits/τ``.
+    """
+    z = _scaled(logits, temperature)
+    p = torch.softmax(z, dim=-1)
+    return torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3"
+) -> torch.Tensor:
+    """Per-token estimator of KL(π_θ ‖ π_ref) from samples of π (Schulman's k1/k2/k3).
+
+    With ``d = log π - log π_ref``: k1 = ``d``; k2 = ``d²/2``; k3 = ``exp(-d) + d - 1`` (>= 0,
+    computed as ``expm1(-d) + d``). k1 and k3 are unbiased for KL(π‖π_ref) in value. As losses
+    (per-sample gradient, sample held fixed) their expected gradients differ: k1 → 0,
+    k2 → ∇KL(π‖π_ref), k3 → ∇KL(π_ref‖π); ``tests/unit/test_losses.py`` checks all three.
+
+    Args:
+        logprobs: (B, T) log π_θ of the sampled tokens (with grad).
+        ref_logprobs: (B, T) log π_ref of the same tokens.
+        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
+
+    Returns:
+        (B, T) per-token KL estimates.
+    """
+    d = logprobs - ref_logprobs
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.expm1(-d) + d
+    raise ValueError(f"kl estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-token loss
+# ---------------------------------------------------------------------------------------------
+def _token_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Loss, ratio, clipped by the trust region, clipped by dual-clip; all (B, T)."""
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    no = torch.zeros_like(logprobs, dtype=torch.bool)
+    if cfg.mode == "reinforce":
+        return -advantages * logprobs, ratio, no, no
+    surr = ratio * advantages
+    surr_clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high) * advantages
+    objective = torch.minimum(surr, surr_clipped)
+    clipped = surr_clipped < surr
+    dual = no
+    if cfg.dual_clip is not None:
+        # For A < 0 the objective is bounded below by c·A, i.e. the loss is at most -c·A = c|A|.
+        floor = cfg.dual_clip * advantages
+        dual = (advantages < 0) & (floor > objective)
+        objective = torch.where(dual, floor, objective)
+    return -objective, ratio, clipped, dual
+
+
+def token_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token policy-gradient loss (no KL, no masking).
+
+    * ``reinforce``: ``ℓ = -A · log π``.
+    * ``clip``: ``ℓ = -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A)``, ``ρ = exp(log π - log π_old)``;
+      with dual-clip c and A < 0: ``ℓ = min(that, -c·A)`` (objective ``max(min(...), c·A)``).
+
+    Args:
+        logprobs: (B, T) log π_θ (with grad).
+        old_logprobs: (B, T) log π_old (no grad).
+        advantages: (B, T).
+        cfg: Loss settings.
+
+    Returns:
+        ``(loss, clipped)``: (B, T) loss and (B, T) bool, True where a clip (trust region or
+        dual) is active, i.e. where the token's gradient is zeroed by clipping.
+    """
+    loss, _, clipped, dual = _token_loss(logprobs, old_logprobs, advantages, cfg)
+    return loss, clipped | dual
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MiniBatchStats:
+    """Denominators of one mini-batch (all micro-batches, all ranks), computed once.
+
+    Attributes:
+        num_seqs: Sequences with at least one trained token.
+        num_tokens: ``Σ M`` over the mini-batch (the trained-token count for 0/1 masks).
+        norm_constant: ``T_max`` for ``seq-mean-token-sum-norm`` (else unused, may be None).
+        world_size: Data-parallel ranks whose gradients DDP averages; contributions are scaled by
+            it so that the average equals the full-batch gradient.
+    """
+
+    num_seqs: int
+    num_tokens: float
+    norm_constant: float | None = None
+    world_size: int = 1
+
+    @classmethod
+    def from_mask(
+        cls, loss_mask: torch.Tensor, cfg: LossConfig | None = None, world_size: int = 1
+    ) -> MiniBatchStats:
+        """Stats from the whole mini-batch's mask.
+
+        Args:
+            loss_mask: (B, T) mask of the WHOLE mini-batch (every micro-batch, every rank). On a
+                real multi-process run, build each rank's stats from its shard and combine them
+                with :meth:`all_reduce` instead.
+            cfg: Supplies ``norm_constant``.
+            world_size: Number of data-parallel ranks.
+        """
+        m = loss_mask.detach().to(torch.float64)
+        return cls(
+            num_seqs=int(((m > 0).any(dim=-1)).sum()),
+            num_tokens=float(torch.where(m > 0, m, torch.zeros_like(m)).sum()),
+            norm_constant=cfg.norm_constant if cfg is not None else None,
+            world_size=world_size,
+        )
+
+    @classmethod
+    def combine(cls, parts: list[MiniBatchStats], world_size: int = 1) -> MiniBatchStats:
+        """Sum the counts of disjoint shards (e.g. each rank's ``from_mask`` of its shard)."""
+        return cls(
+            num_seqs=sum(p.num_seqs for p in parts),
+            num_tokens=sum(p.num_tokens for p in parts),
+            norm_constant=parts[0].norm_constant if parts else None,
+            world_size=world_size,
+        )
+
+    def all_reduce(self, group: object | None = None) -> MiniBatchStats:
+        """Sum the counts over the ranks of ``torch.distributed`` (identity when not running).
+
+        A collective: every rank must call it, with the stats of its own shard.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        device = None
+        if dist.get_backend(group) == "nccl":  # NCCL reduces CUDA tensors only
+            device = torch.device("cuda", torch.cuda.current_device())
+        t = torch.tensor([float(self.num_seqs), self.num_tokens], dtype=torch.float64,
+                         device=device)
+        dist.all_reduce(t, group=group)
+        return MiniBatchStats(
+            int(t[0].item()), float(t[1].item()), self.norm_constant, dist.get_world_size(group)
+        )
+
+
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, stats: MiniBatchStats
+) -> torch.Tensor:
+    """One micro-batch's contribution to the mini-batch loss (see the module docstring).
+
+    Args:
+        per_token: (b, T) per-token loss; any value at untrained positions (even inf/NaN).
+        mask: (b, T) loss mask of this micro-batch (weights; trained where > 0).
+        cfg: Supplies ``agg``.
+        stats: Denominators of the whole mini-batch.
+
+    Returns:
+        Scalar: ``world_size · Σ_{rows of this micro-batch} (row numerator) / denominator``;
+        always connected to ``per_token``'s graph (0 when nothing is trained).
+    """
+    trained = mask > 0
+    weighted = torch.where(trained, per_token, torch.zeros_like(per_token)) * torch.where(
+        trained, mask, torch.zeros_like(mask)
+    ).to(per_token.dtype)
+    row_sum = weighted.sum(-1)  # (b,)
+    if cfg.agg == "token-mean":
+        total, denom = row_sum.sum(), stats.num_tokens
+    elif cfg.agg == "seq-mean-token-mean":
+        row_tokens = torch.where(trained, mask, torch.zeros_like(mask)).sum(-1).to(row_sum.dtype)
+        total = (row_sum / row_tokens.clamp(min=torch.finfo(row_sum.dtype).tiny)).sum()
+        denom = stats.num_seqs
+    elif cfg.agg == "seq-mean-token-sum":
+        total, denom = row_sum.sum(), stats.num_seqs
+    elif cfg.agg == "seq-mean-token-sum-norm":
+        if stats.norm_constant is None:
+            raise ValueError("seq-mean-token-sum-norm needs stats.norm_constant (T_max).")
+        total, denom = row_sum.sum(), stats.num_seqs * stats.norm_constant
+    else:
+        raise ValueError(f"agg must be one of {', '.join(AGG_MODES)}; got {cfg.agg!r}.")
+    if denom <= 0:  # nothing trained anywhere: a zero that still backpropagates (DDP needs it)
+        return total * 0.0
+    return total * (stats.world_size / float(denom))
+
+
+def micro_batch_slices(n: int, micro_batch_size: int) -> list[slice]:
+    """Row slices of a mini-batch of ``n`` rows; ``micro_batch_size=0`` gives one slice."""
+    size = n if micro_batch_size <= 0 else micro_batch_size
+    return [slice(i, min(i + size, n)) for i in range(0, n, max(size, 1))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Full policy loss
+# ---------------------------------------------------------------------------------------------
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cfg: LossConfig,
+    stats: MiniBatchStats,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token loss + ``kl_coef``·KL, aggregated into this micro-batch's contribution.
+
+    Args:
+        logprobs: (b, T) log π_θ of the response tokens (with grad).
+        old_logprobs: (b, T) log π_old, or ``None`` for ``logprobs.detach()`` (one update per
+            batch: the ratio is then exactly 1).
+        advantages: (b, T).
+        loss_mask: (b, T).
+        cfg: Loss settings.
+        stats: Whole-mini-batch denominators (:class:`MiniBatchStats`).
+        ref_logprobs: (b, T) log π_ref; required when ``cfg.kl_coef > 0``. When given with
+            ``kl_coef == 0`` the KL is only measured.
+
+    Returns:
+        ``(loss, metrics)``. ``loss`` is the contribution (see :func:`aggregate`). Metrics are
+        detached scalars, each this micro-batch's *additive share* of the mini-batch value (token
+        means over ``stats.num_tokens``, not multiplied by ``world_size``): sum them over all
+        micro-batches and all ranks. Exception: ``ratio_max`` combines by max. Keys: ``loss``
+        (the loss at the configured aggregation), ``pg_loss`` (without KL, token mean),
+        ``clip_frac`` (trust-region clipped tokens), ``dual_clip_frac``, ``ratio_mean``,
+        ``ratio_max``, and ``kl`` (token-mean KL estimate) when ``ref_logprobs`` is given.
+    """
+    if old_logprobs is None:
+        old_logprobs = logprobs.detach()
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("LossConfig.kl_coef > 0 needs ref_logprobs.")
+    trained = loss_mask > 0
+
+    def safe(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(trained, x, torch.zeros_like(x))
+
+    lp, old, adv = safe(logprobs), safe(old_logprobs.detach()), safe(advantages.detach())
+    pg, ratio, clipped, dual = _token_loss(lp, old, adv, cfg)
+    per_token = pg
+    kl = None
+    if ref_logprobs is not None:
+        kl = kl_penalty(lp, safe(ref_logprobs.detach()), cfg.kl_estimator)
+        if cfg.kl_coef > 0:
+            per_token = pg + cfg.kl_coef * kl
+    loss = aggregate(per_token, loss_mask, cfg, stats)
+
+    with torch.no_grad():
+        weight = torch.where(trained, loss_mask, torch.zeros_like(loss_mask)).to(lp.dtype)
+        n_tok = float(stats.num_tokens) if stats.num_tokens > 0 else 1.0
+
+        def share(x: torch.Tensor) -> torch.Tensor:
+            x = torch.where(trained, x.to(lp.dtype), torch.zeros_like(lp))
+            return (x * weight).sum().detach() / n_tok
+
+        metrics = {
+            "loss": loss.detach() / stats.world_size,
+            "pg_loss": share(pg),
+            "clip_frac": share(clipped),
+            "dual_clip_frac": share(dual),
+            "ratio_mean": share(ratio),
+            "ratio_max": torch.where(trained, ratio, torch.zeros_like(ratio)).max().detach()
+            if ratio.numel()
+            else ratio.new_zeros(()),
+        }
+        if kl is not None:
+            metrics["kl"] = share(kl)
+    return loss, metrics
