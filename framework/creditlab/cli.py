@@ -22,18 +22,24 @@ def _error(message: str) -> None:
     sys.exit(2)
 
 
-def _first_of_sweeps(overrides: list[str]) -> list[str]:
-    """Replace each sweep override (``a=1,2`` / ``range(...)`` / ``choice(...)``) by its first value."""
+def _sweep_variants(overrides: list[str]) -> list[list[str]]:
+    """Override lists to check: every sweep at its first value, then each other value of each
+    sweep (``a=1,2`` / ``range(...)`` / ``choice(...)``) once — linear, not the full grid."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    out = []
-    for text, ov in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
-        if ov.is_sweep_override():
-            first = next(iter(ov.sweep_string_iterator()))
-            prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
-            text = f"{prefix}{ov.get_key_element()}={first}"
-        out.append(text)
-    return out
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    values: list[list[str]] = []
+    for text, ov in zip(overrides, parsed):
+        if not ov.is_sweep_override():
+            values.append([text])
+            continue
+        prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
+        values.append([f"{prefix}{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()])
+    base = [v[0] for v in values]
+    variants = [base]
+    for i, options in enumerate(values):
+        variants.extend(base[:i] + [o] + base[i + 1 :] for o in options[1:])
+    return variants
 
 
 def compose(overrides: list[str]) -> Any:
@@ -90,15 +96,18 @@ def check(overrides: list[str]) -> Any:
 
     from creditlab.train import validate
 
-    try:
-        cfg = compose(_first_of_sweeps(overrides))
-    except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        _error(_explain(exc, overrides))
-    try:
-        validate(cfg)
-    except (ConfigError, RegistryError) as exc:
-        _error(str(exc))
-    return cfg
+    first = None
+    for variant in _sweep_variants(overrides):
+        try:
+            cfg = compose(variant)
+        except (HydraException, OmegaConfBaseException, ValueError) as exc:
+            _error(_explain(exc, variant))
+        try:
+            validate(cfg)
+        except (ConfigError, RegistryError) as exc:
+            _error(str(exc))
+        first = first if first is not None else cfg
+    return first
 
 
 def train(argv: list[str]) -> None:

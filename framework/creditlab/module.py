@@ -196,19 +196,16 @@ class CreditAssignmentModule(L.LightningModule):
                 )
                 self.manual_backward(loss)
                 with torch.no_grad():
-                    mask = rollout.loss_mask[mrows]
-                    ent = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
-                self._add(sums, "train/loss", float(loss.detach()))
-                self._add(sums, "train/entropy_sum", float(ent))
-                for k, v in parts.items():
-                    self._add(sums, f"train/{k}", float(v))
-            norm = self.clip_gradients_and_norm()
-            self._add(sums, "train/grad_norm", norm / n_mini)
+                    ent = (entropy_from_logits(logits.detach(), self.temperature) * rollout.loss_mask[mrows]).sum()
+                self._add(sums, "train/entropy", float(ent) / max(float(rollout.loss_mask.sum()), 1.0))
+                for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
+                    if k == "ratio_max":
+                        sums["train/ratio_max"] = max(sums.get("train/ratio_max", 0.0), float(v))
+                    else:
+                        self._add(sums, f"train/{k}", float(v) / n_mini)
+            self._add(sums, "train/grad_norm", self.clip_gradients_and_norm() / n_mini)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        trained = float(rollout.loss_mask.sum())
-        sums["train/entropy"] = sums.pop("train/entropy_sum") / max(trained, 1.0)
-        sums["train/loss"] /= n_mini
         return sums
 
     # -- helpers -----------------------------------------------------------------------------------

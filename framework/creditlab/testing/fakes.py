@@ -1,0 +1,129 @@
+"""Fakes for testing parts without a model: random rollout batches and a scripted policy handle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from creditlab.interfaces import PolicyHandle
+from creditlab.rollout import collate
+from creditlab.types import Completion, GenerationRequest, Problem, RolloutBatch, SamplingParams, Trajectory
+
+
+def make_batch(
+    groups: int = 3,
+    group_size: int = 4,
+    vocab: int = 32,
+    max_len: int = 12,
+    seed: int = 0,
+    pad_id: int = 0,
+    rewards: Sequence[float] | None = None,
+    trainable_from: Sequence[int] | None = None,
+    problems: Sequence[Problem] | None = None,
+    texts: Sequence[str] | None = None,
+) -> RolloutBatch:
+    """A random, valid :class:`RolloutBatch` of ``groups * group_size`` rows.
+
+    Response lengths vary in ``[1, max_len]``; token ids avoid ``pad_id``. ``rewards`` default to
+    a seeded 0/1 draw (so most groups have mixed outcomes).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n = groups * group_size
+    if rewards is None:
+        rewards = torch.randint(0, 2, (n,), generator=gen).float().tolist()
+    trajectories = []
+    for i in range(n):
+        p_len = int(torch.randint(2, 6, (1,), generator=gen))
+        r_len = int(torch.randint(1, max_len + 1, (1,), generator=gen))
+        prompt = tuple(int(x) for x in torch.randint(1, vocab, (p_len,), generator=gen))
+        resp = tuple(int(x) for x in torch.randint(1, vocab, (r_len,), generator=gen))
+        if pad_id != 0:
+            resp = tuple(x if x != pad_id else 1 for x in resp)
+        start = 0 if trainable_from is None else min(trainable_from[i], r_len)
+        logprobs = tuple(float(x) for x in -torch.rand(r_len - 0, generator=gen))
+        text = texts[i] if texts is not None else ""
+        completion = Completion(prompt, resp, logprobs, "eos", text)
+        problem = problems[i // group_size] if problems is not None else Problem(f"p{i // group_size}", "q", "1")
+        trajectories.append(Trajectory(problem, completion, float(rewards[i]), i // group_size, start))
+    return collate(trajectories, pad_id)
+
+
+def pad_batch(batch: RolloutBatch, extra: int, pad_id: int = 0) -> RolloutBatch:
+    """The same batch with ``extra`` more right-padding columns."""
+    from dataclasses import replace
+
+    b = batch.size
+
+    def grow(x: torch.Tensor, fill: float) -> torch.Tensor:
+        return torch.cat([x, torch.full((b, extra), fill, dtype=x.dtype)], dim=1)
+
+    return replace(
+        batch,
+        input_ids=grow(batch.input_ids, pad_id),
+        attention_mask=grow(batch.attention_mask, 0),
+        response_ids=grow(batch.response_ids, pad_id),
+        response_mask=grow(batch.response_mask, 0),
+        loss_mask=grow(batch.loss_mask, 0),
+        gen_logprobs=grow(batch.gen_logprobs, 0),
+    )
+
+
+class FakePolicyHandle(PolicyHandle):
+    """A policy handle backed by a small model (any callable ``ids -> logits``) or by scripts.
+
+    Args:
+        logits_fn: ``(input_ids (B, L)) -> logits (B, L, V)``; a seeded random table by default.
+        generate_fn: ``(requests, sampling) -> list[Completion]`` for parts that generate.
+        tokenizer: Exposed as ``.tokenizer``.
+        seed: Seeds ``.rng``.
+    """
+
+    def __init__(
+        self,
+        logits_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        generate_fn: Callable[[Sequence[GenerationRequest], SamplingParams], list[Completion]] | None = None,
+        tokenizer: Any = None,
+        seed: int = 0,
+        vocab: int = 32,
+    ) -> None:
+        table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1234))
+        self.embedding = torch.nn.Embedding(vocab, 8)
+        torch.nn.init.normal_(self.embedding.weight, generator=torch.Generator().manual_seed(99))
+        self.logits_fn = logits_fn or (lambda ids: table[ids])
+        self.generate_fn = generate_fn
+        self._tokenizer = tokenizer
+        self._rng = torch.Generator().manual_seed(seed)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def rng(self) -> torch.Generator:
+        return self._rng
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        if self._tokenizer is None:
+            return tuple(1 + (ord(c) % 30) for c in text)
+        return tuple(self._tokenizer(text)["input_ids"])
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(self.logits_fn(input_ids).float(), dim=-1)
+        out = torch.zeros(input_ids.shape)
+        out[:, 1:] = logp[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return out * attention_mask
+
+    def input_gradients(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, objective: Any):
+        emb = self.embedding(input_ids).detach().requires_grad_(True)
+        with torch.enable_grad():
+            logits = self.logits_fn(input_ids).float() + emb.sum(-1, keepdim=True)
+            (grad,) = torch.autograd.grad(objective(emb, logits), emb)
+        return emb.detach(), grad.detach()
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
+        if self.generate_fn is None:
+            raise RuntimeError("FakePolicyHandle was built without generate_fn")
+        return self.generate_fn(requests, sampling)

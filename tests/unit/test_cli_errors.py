@@ -1,0 +1,57 @@
+"""Bad overrides end with one clear line naming the fix."""
+
+import pytest
+
+from creditlab.cli import check
+
+
+def _message(capsys, overrides):
+    with pytest.raises(SystemExit) as exc:
+        check(overrides)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_plugin_name(capsys):
+    err = _message(capsys, ["advantage=nope"])
+    assert "unknown advantage 'nope'" in err and "grpo" in err
+
+
+def test_close_plugin_name_suggests(capsys):
+    err = _message(capsys, ["advantage=gpro"])
+    assert "Did you mean 'advantage=grpo'" in err
+
+
+def test_misspelt_nested_key(capsys):
+    err = _message(capsys, ["trainer.max_stpes=2"])
+    assert "unknown config key 'trainer.max_stpes'" in err and "Did you mean 'trainer.max_steps'" in err
+
+
+def test_misspelt_top_level_key(capsys):
+    err = _message(capsys, ["seeed=3"])
+    assert "Did you mean 'seed'" in err
+
+
+def test_added_unknown_section_key(capsys):
+    err = _message(capsys, ["+advantage.stdd=none"])
+    assert "unknown key 'advantage.stdd'" in err and "Did you mean 'advantage.std'" in err
+
+
+def test_wrong_type(capsys):
+    err = _message(capsys, ["rollout.group_size=many"])
+    assert "rollout.group_size" in err and "int" in err
+
+
+def test_bad_value(capsys):
+    err = _message(capsys, ["loss.agg=token-means"])
+    assert "loss" in err and "token-mean" in err
+
+
+def test_sweep_values_are_checked(capsys):
+    err = _message(capsys, ["advantage=grpo,nope"])
+    assert "unknown advantage" in err or "nope" in err
+
+
+def test_good_overrides_pass():
+    cfg = check(["method=dr_grpo", "trainer.max_steps=2"])
+    assert cfg.advantage.name == "dr_grpo" and cfg.loss.agg == "seq-mean-token-sum-norm"
