@@ -197,7 +197,8 @@ _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 def _coerce(value: Any, field: dataclasses.Field, where: str) -> Any:
     """Check scalar types declared as plain ``int``/``float``/``str``/``bool`` (optionally | None)."""
-    declared = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    declared = field.type if isinstance(field.type, (str, type)) else str(field.type)
+    declared = declared.__name__ if isinstance(declared, type) else declared
     parts = [p.strip() for p in str(declared).split("|")]
     optional = "None" in parts
     scalar = [p for p in parts if p in _SCALARS]
