@@ -6,7 +6,7 @@ import copy
 import hashlib
 import json
 import logging
-from dataclasses import replace
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,17 @@ from creditlab.rollout import RolloutPlanner
 from creditlab.train import build_parts
 
 log = logging.getLogger(__name__)
+
+# The policy stays in eval mode (no dropout) so trainer log-probs match the sampler's; checkpoints
+# are taken after the optimizer step on purpose; batches are a function of the step, so the
+# step loader needs no state to resume.
+for _pattern in (
+    r"Found \d+ module\(s\) in eval mode",
+    r"Using ModelCheckpoint with manual optimization",
+    r"You're resuming from a checkpoint that ended before the epoch ended",
+    r"Checkpoint directory .* exists and is not empty",
+):
+    warnings.filterwarnings("ignore", message=_pattern)
 
 
 def _resume_path(resume: str | None, out_dir: Path) -> Path | None:
@@ -61,8 +72,6 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     """Build model, parts, data, module and trainer; fit; return the last logged metrics."""
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
-    if loss.agg == "seq-mean-token-sum-norm" and loss.norm_constant is None:
-        loss = replace(loss, norm_constant=float(rollout.response_budget))
 
     model, tokenizer, model_path = load_policy(checked["model"])
     parts = build_parts(checked, model, tokenizer)

@@ -79,7 +79,11 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     top = {k: _plain(cfg[k]) for k in cfg if k in {f.name for f in fields(RunConfig)}}
     out: dict[str, Any] = {"run": build_config(RunConfig, top, "config")}
     for name, schema in SECTIONS.items():
-        out[name] = build_config(schema, _plain(cfg.get(name, {})) or {}, name)
+        options = dict(_plain(cfg.get(name, {})) or {})
+        if name == "loss" and options.get("norm_constant") is None:
+            # Dr. GRPO's constant defaults to the generation budget of one completion.
+            options["norm_constant"] = float(out["rollout"].response_budget)
+        out[name] = build_config(schema, options, name)
     for kind in PART_KINDS:
         options = dict(_plain(cfg.get(kind)) or {})
         cls = REGISTRIES[kind].get(options.pop("name", None) or "")

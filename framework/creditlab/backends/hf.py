@@ -1,0 +1,443 @@
+"""Generation from a ``transformers`` causal LM with the project's own decoding loop.
+
+The loop never calls ``model.generate``, so nothing in the model's ``generation_config`` (a stored
+temperature, a ``top_k=50`` default, a repetition penalty, extra EOS ids) can change sampling: the
+only settings are those of :class:`~creditlab.types.SamplingParams`, recorded in
+``HFBackend.last_effective`` after each call.
+
+Per step (batch of A active rows, vocabulary V): logits (A, V) -> ``log_softmax(logits / T)``
+(T = 1 when greedy) gives the reported log-prob of the chosen token; the token is the argmax
+(``temperature == 0``) or a draw after top-k then top-p truncation of the temperature-scaled
+distribution. Rows are left-padded; ``position_ids`` come from the attention mask, so a row's
+result does not depend on the other rows of the batch (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from creditlab.interfaces import GenerationBackend
+from creditlab.types import Completion, GenerationRequest, SamplingParams
+
+try:  # transformers >= 4.56: per-layer cache objects
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: plain DynamicCache only
+    DynamicLayer = None
+
+
+def validate_sampling(sp: SamplingParams) -> None:
+    """Raise ``ValueError`` naming the field when ``sp`` is not a valid setting."""
+    t = sp.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    p = sp.top_p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+    for name in ("top_k", "max_new_tokens"):
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    if isinstance(sp.stop, str) or not all(isinstance(s, str) and s for s in sp.stop):
+        raise ValueError(f"stop must be a tuple of non-empty strings, got {sp.stop!r}")
+    if sp.seed is not None and (isinstance(sp.seed, bool) or not isinstance(sp.seed, int)):
+        raise ValueError(f"seed must be an int or None, got {sp.seed!r}")
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """Everything the decoding loop reads: built from SamplingParams and the tokenizer only.
+
+    Positional order: temperature, top_p, top_k, max_new_tokens, stop, seed, eos_token_id,
+    pad_token_id, stop_token_ids, stop_texts.
+    """
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    seed: int
+    eos_token_id: int | None
+    pad_token_id: int
+    stop_token_ids: tuple[int, ...]  # stop strings that are exactly one token
+    stop_texts: tuple[str, ...] = field(default=())  # the others, matched in decoded text
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+if DynamicLayer is not None:
+
+    class PreallocatedLayer(DynamicLayer):
+        """A full-attention KV cache layer written in place into a buffer of fixed capacity.
+
+        ``DynamicLayer`` concatenates the whole cache at every step (a copy of (A, H, L, D) per
+        layer and step); this layer allocates (A, H, capacity, D) once and returns views, which
+        halves decoding time for small models. Keys/values: (A, H, length, D).
+        """
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            b, h, _, d = key_states.shape
+            self._k = key_states.new_empty(b, h, self.capacity, d)
+            self._v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({end})")
+            self._k[:, :, self.length : end] = key_states
+            self._v[:, :, self.length : end] = value_states
+            self.length = end
+            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.is_initialized:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+
+def sample_tokens(
+    logits: torch.Tensor, plan: SamplingPlan, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose one token per row and return its log-prob before truncation.
+
+    Args:
+        logits: (A, V) float32 next-token logits.
+        plan: Sampling settings (temperature, top_k, top_p).
+        gen: RNG for the draws.
+
+    Returns:
+        ``(tokens, logprobs)``, both (A,): ``logprobs = log_softmax(logits / T)[token]`` with T = 1
+        when greedy, i.e. before top-k/top-p truncation.
+    """
+    if plan.greedy:
+        tok = logits.argmax(-1)
+        logp = torch.log_softmax(logits, -1)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+    scaled = logits / plan.temperature
+    logp = torch.log_softmax(scaled, -1)
+    vocab = scaled.shape[-1]
+    k = plan.top_k if 0 < plan.top_k < vocab else 0
+    if k == 0 and plan.top_p >= 1:
+        tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+    else:
+        if plan.top_p < 1:
+            vals, idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
+            if k:
+                vals, idx = vals[:, :k], idx[:, :k]
+            probs = torch.softmax(vals, -1)
+            # Keep the smallest head whose mass reaches top_p: drop a token once the mass
+            # before it already reaches top_p (the first token is always kept).
+            drop = (probs.cumsum(-1) - probs) >= plan.top_p
+            vals = vals.masked_fill(drop, float("-inf"))
+        else:
+            vals, idx = torch.topk(scaled, k, dim=-1)
+        choice = torch.multinomial(torch.softmax(vals, -1), 1, generator=gen)
+        tok = idx.gather(1, choice).squeeze(1)
+    return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` (or, for wrappers like PEFT, the base model's) takes it."""
+    params = inspect.signature(model.forward).parameters
+    if "logits_to_keep" in params:
+        return True
+    base = getattr(model, "get_base_model", None)
+    wraps = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return bool(wraps and callable(base) and _accepts_logits_to_keep(base()))
+
+
+class HFBackend(GenerationBackend):
+    """Samples from the very ``transformers`` module being trained (no weight copy).
+
+    Requests are split into forward batches of at most ``max_batch_size`` rows (sorted by context
+    length when there is more than one batch), each decoded with a KV cache. Finished rows stay
+    in the batch until ``compact_fraction`` of the batch has finished, then they are dropped from
+    the batch and the cache. The model is put in eval mode during generation and every module's
+    train/eval flag is restored afterwards.
+
+    Stop strings: one that is exactly one token (e.g. an added ``</thought>`` token) is matched by
+    id; any other is matched in the decoded text of the *generated* tokens (as vLLM does: a match
+    inside the prompt or prefix does not count). The sequence ends after the token completing it.
+    The tokenizer's ``eos_token_id`` ends a row and is kept in ``response_ids``.
+    ``Completion.text`` is ``decode(response_ids, skip_special_tokens=True)``.
+    """
+
+    @dataclass
+    class Config:
+        """Attributes:
+        max_batch_size: Requests per forward batch.
+        use_cache: Decode with a KV cache (``False`` re-runs the whole sequence each step).
+        compact_fraction: Drop finished rows from the batch once this fraction of it finished.
+        preallocate_kv: Write the KV cache in place into a preallocated buffer (full-attention
+            models only; others fall back to ``DynamicCache``).
+        """
+
+        max_batch_size: int = 256
+        use_cache: bool = True
+        compact_fraction: float = 0.25
+        preallocate_kv: bool = True
+
+    def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
+        super().__init__(config, model=model, tokenizer=tokenizer)
+        if self.config.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.config.max_batch_size}")
+        if not 0 <= self.config.compact_fraction <= 1:
+            raise ValueError(f"compact_fraction must be in [0, 1], got {self.config}")
+        #: Settings actually used by the last ``generate`` call (TESTING trap 7).
+        self.last_effective: dict = {}
+        self._keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+
+    # ----------------------------------------------------------------------------- public API
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[Completion]:
+        """One completion per request, in request order (see the class docstring)."""
+        validate_sampling(sampling)
+        requests = list(requests)
+        for i, r in enumerate(requests):
+            if len(r.prompt_ids) + len(r.prefix_ids) == 0:
+                raise ValueError(f"request {i} has neither prompt_ids nor prefix_ids")
+        plan = self._plan(sampling)
+        self.last_effective = {**dataclasses.asdict(plan), "greedy": plan.greedy}
+        requested = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens)
+        used = (plan.temperature, plan.top_p, plan.top_k, plan.max_new_tokens)
+        if requested != used or tuple(sampling.stop) != plan.stop:
+            raise RuntimeError(f"effective sampling {used} differs from requested {requested}")
+        if not requests:
+            return []
+
+        start = time.perf_counter()
+        gen = torch.Generator(device=self._device())
+        gen.manual_seed(plan.seed)
+        modes = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        results: list[Completion | None] = [None] * len(requests)
+        bs = self.config.max_batch_size
+        order = list(range(len(requests)))
+        if len(requests) > bs:
+            order.sort(key=lambda i: len(requests[i].prompt_ids) + len(requests[i].prefix_ids))
+        try:
+            with torch.inference_mode():
+                for lo in range(0, len(order), bs):
+                    idx = order[lo : lo + bs]
+                    outs = self._generate_batch([requests[i] for i in idx], plan, gen)
+                    for i, c in zip(idx, outs):
+                        results[i] = c
+        finally:
+            for module, mode in modes:
+                module.training = mode
+        self._stats["seconds"] += time.perf_counter() - start
+        self._stats["calls"] += 1
+        self._stats["tokens"] += sum(len(c.logprobs) for c in results)  # type: ignore[union-attr]
+        return results  # type: ignore[return-value]
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:
+        """No-op when ``state_dict`` is None: the backend samples from the trained module itself.
+
+        Otherwise the tensors are copied into the module (``load_state_dict``, strict).
+        """
+        if state_dict is not None:
+            with torch.no_grad():
+                self.model.load_state_dict(state_dict, strict=True)
+
+    def metrics(self) -> dict[str, float]:
+        """Generated tokens, calls, seconds and tokens/s since the last call (then reset)."""
+        s = self._stats
+        out = dict(s)
+        out["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+        return out
+
+    # ---------------------------------------------------------------------------- internals
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _plan(self, sp: SamplingParams) -> SamplingPlan:
+        tok = self.tokenizer
+        ids_of, texts = [], []
+        for s in sp.stop:
+            ids = tok.encode(s, add_special_tokens=False)
+            if len(ids) == 1 and tok.decode(ids, skip_special_tokens=False) == s:
+                ids_of.append(ids[0])
+            else:
+                texts.append(s)
+        eos = tok.eos_token_id
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
+        return SamplingPlan(
+            temperature=float(sp.temperature),
+            top_p=float(sp.top_p),
+            top_k=int(sp.top_k),
+            max_new_tokens=int(sp.max_new_tokens),
+            stop=tuple(sp.stop),
+            seed=int(sp.seed) if sp.seed is not None else secrets.randbits(63),
+            eos_token_id=eos,
+            pad_token_id=pad,
+            stop_token_ids=tuple(ids_of),
+            stop_texts=tuple(texts),
+        )
+
+    def _make_cache(self, capacity: int):
+        """A ``DynamicCache`` for the model; its layers preallocated when all are full attention."""
+        from transformers import DynamicCache
+
+        try:
+            cache = DynamicCache(config=self.model.config)
+        except TypeError:  # pragma: no cover - older transformers
+            return DynamicCache()
+        layers = getattr(cache, "layers", None)
+        if (
+            self.config.preallocate_kv
+            and DynamicLayer is not None
+            and layers
+            and all(type(layer) is DynamicLayer for layer in layers)
+        ):
+            cache.layers = [PreallocatedLayer(capacity) for _ in layers]
+        return cache
+
+    def _text_stop(
+        self, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
+    ) -> torch.Tensor:
+        """(len(rows),) bool: the latest generated token completes a multi-token stop string.
+
+        Args:
+            out_tokens: (N, max_new) generated tokens of the whole batch.
+            rows: (A',) batch rows to check.
+            n_new: Tokens generated so far (the latest is at column ``n_new - 1``).
+        """
+        width = max(len(s) for s in plan.stop_texts) + 2
+        windows = out_tokens[rows, max(0, n_new - width) : n_new].tolist()
+        dec = self.tokenizer.batch_decode
+        kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        full = dec(windows, **kw)
+        prev = dec([w[:-1] for w in windows], **kw)
+        hit = [
+            any(t.find(s, max(0, len(p) - len(s) + 1)) != -1 for s in plan.stop_texts)
+            for t, p in zip(full, prev)
+        ]
+        return torch.tensor(hit, dtype=torch.bool, device=rows.device)
+
+    def _generate_batch(
+        self, reqs: list[GenerationRequest], plan: SamplingPlan, gen: torch.Generator
+    ) -> list[Completion]:
+        """Decode one forward batch of N requests (N <= max_batch_size)."""
+        device = self._device()
+        n, max_new = len(reqs), plan.max_new_tokens
+        contexts = [tuple(r.prompt_ids) + tuple(r.prefix_ids) for r in reqs]
+        out_tokens = torch.full((n, max(max_new, 1)), plan.pad_token_id, dtype=torch.long)
+        out_logp = torch.zeros((n, max(max_new, 1)), dtype=torch.float32)
+        lengths = [max_new] * n
+        reasons = ["length"] * n
+        if max_new > 0:
+            self._decode(contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons)
+
+        tokens, logps = out_tokens.tolist(), out_logp.tolist()
+        responses = [
+            tuple(r.prefix_ids) + tuple(tokens[i][: lengths[i]]) for i, r in enumerate(reqs)
+        ]
+        texts = self.tokenizer.batch_decode(
+            [list(x) for x in responses],
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
+        return [
+            Completion(
+                prompt_ids=tuple(r.prompt_ids),
+                response_ids=responses[i],
+                logprobs=tuple(logps[i][: lengths[i]]),
+                finish_reason=reasons[i],
+                text=texts[i],
+                prefix_len=len(r.prefix_ids),
+            )
+            for i, r in enumerate(reqs)
+        ]
+
+    def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons) -> None:
+        """The decoding loop; fills ``out_tokens`` / ``out_logp`` (N, max_new) and, per row,
+        ``lengths`` and ``reasons`` (in place)."""
+        n, max_new, pad = len(contexts), plan.max_new_tokens, plan.pad_token_id
+        width = max(len(c) for c in contexts)
+        ids = torch.tensor([(pad,) * (width - len(c)) + c for c in contexts], device=device)
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        mask = mask.to(device)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        last_pos = pos[:, -1].clone()  # (A,) position of each row's latest token
+        rows = torch.arange(n, device=device)  # batch row -> request row
+        alive = torch.ones(n, dtype=torch.bool, device=device)
+        use_cache = self.config.use_cache
+        cache = self._make_cache(width + max_new) if use_cache else None
+        stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
+        feed_ids, feed_pos = ids, pos
+        for step in range(max_new):
+            out = self.model(
+                input_ids=feed_ids,
+                attention_mask=mask,
+                position_ids=feed_pos,
+                past_key_values=cache,
+                use_cache=use_cache,
+                **self._keep,
+            )
+            if use_cache:
+                cache = out.past_key_values
+            tok, logp = sample_tokens(out.logits[:, -1, :].float(), plan, gen)
+            live = rows[alive]
+            out_tokens[live.cpu(), step] = tok[alive].cpu()
+            out_logp[live.cpu(), step] = logp[alive].cpu()
+
+            is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
+            is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None
+            if plan.stop_texts:
+                text_hit = torch.zeros_like(alive)
+                text_hit[alive] = self._text_stop(plan, out_tokens, live.cpu(), step + 1).to(device)
+                is_stop = text_hit if is_stop is None else is_stop | text_hit
+            ended = torch.zeros_like(alive)
+            for flag, reason in ((is_eos, "eos"), (is_stop, "stop")):
+                if flag is None:
+                    continue
+                newly = flag & alive & ~ended
+                for r in rows[newly].tolist():
+                    lengths[r], reasons[r] = step + 1, reason
+                ended |= newly
+            alive &= ~ended
+            n_dead = len(rows) - int(alive.sum())
+            if n_dead == len(rows) or step + 1 == max_new:
+                return  # rows still alive keep length max_new and reason "length"
+            if n_dead and n_dead >= self.config.compact_fraction * len(rows):
+                keep = alive.nonzero().squeeze(1)
+                rows, alive, tok = rows[keep], alive[keep], tok[keep]
+                mask, last_pos = mask[keep], last_pos[keep]
+                if use_cache:
+                    cache.batch_select_indices(keep)
+                else:
+                    ids, pos = ids[keep], pos[keep]
+            last_pos = last_pos + 1
+            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
+            if use_cache:
+                feed_ids, feed_pos = tok[:, None], last_pos[:, None]
+            else:
+                ids = torch.cat([ids, tok[:, None]], dim=1)
+                pos = torch.cat([pos, last_pos[:, None]], dim=1)
+                feed_ids, feed_pos = ids, pos

@@ -1,0 +1,203 @@
+"""Backend-agnostic generation helpers: thought-by-thought generation and thought spans.
+
+A *thought* is one reasoning step ending with a delimiter token sequence (default ``</thought>``,
+kept in the tokens). :func:`generate_thoughts` samples one thought per backend call (METHODS.md
+section 2); :func:`thought_spans` recovers the thoughts of a token sequence at the token-id level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from creditlab.interfaces import GenerationBackend
+from creditlab.types import Completion, GenerationRequest, SamplingParams, Spans
+
+
+@dataclass
+class ThoughtConfig:
+    """Thought-level generation settings.
+
+    Attributes:
+        delimiter: Text ending a thought; a stop string of each round, kept in the tokens.
+        max_thoughts: At most this many thoughts per response, thoughts of a request's prefix
+            included (a prefix ending mid-thought: that thought counts once it is finished).
+        max_thought_tokens: Token cap of one thought; a thought hitting it without the delimiter
+            still counts as a thought.
+        final_marker: A thought whose text contains it ends the response (``""`` disables).
+    """
+
+    delimiter: str = "</thought>"
+    max_thoughts: int = 20
+    max_thought_tokens: int = 256
+    final_marker: str = "\\boxed{"
+
+
+def thought_spans(response_ids: Sequence[int], delimiter_ids: Sequence[int]) -> Spans:
+    """Split a token sequence after each occurrence of the delimiter token sequence.
+
+    Occurrences are matched left to right without overlap. Each span ends right after a
+    delimiter occurrence, and tokens after the last one form a final span; spans partition
+    ``[0, len(response_ids))`` (an empty sequence has no spans).
+
+    Args:
+        response_ids: (R,) token ids.
+        delimiter_ids: (D,) ids of the delimiter, D >= 1.
+
+    Returns:
+        ``((start, end), ...)`` with end exclusive.
+    """
+    ids, delim = list(response_ids), list(delimiter_ids)
+    d = len(delim)
+    if d == 0:
+        raise ValueError("delimiter_ids must not be empty")
+    spans: list[tuple[int, int]] = []
+    start, i, last = 0, 0, len(ids) - d
+    first = delim[0]
+    while i <= last:
+        if ids[i] == first and (d == 1 or ids[i : i + d] == delim):
+            spans.append((start, i + d))
+            start = i = i + d
+        else:
+            i += 1
+    if start < len(ids):
+        spans.append((start, len(ids)))
+    return tuple(spans)
+
+
+def round_seed(seed: int, round_index: int) -> int:
+    """The seed of thought round ``round_index`` (a 63-bit hash of ``seed`` and the round)."""
+    digest = hashlib.blake2b(f"{seed}/{round_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class _Row:
+    """Generation state of one request."""
+
+    prompt_ids: tuple[int, ...]
+    prefix_len: int
+    ids: list[int]  # original prefix + thoughts generated so far
+    segment_ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    thought: int = 0  # index of the thought generated next
+    partial: list[int] = field(default_factory=list)  # unfinished prefix thought, continued next
+    finish: str | None = None
+
+
+def _start(
+    req: GenerationRequest, delim: tuple[int, ...], eos: int | None, cfg: ThoughtConfig
+) -> _Row:
+    prefix = list(req.prefix_ids)
+    spans = thought_spans(prefix, delim)
+    seg = [j for j, (a, b) in enumerate(spans) for _ in range(a, b)]
+    row = _Row(tuple(req.prompt_ids), len(prefix), prefix, seg, thought=len(spans))
+    if spans and tuple(prefix[spans[-1][1] - len(delim) : spans[-1][1]]) != delim:
+        row.thought = len(spans) - 1  # the prefix ends mid-thought: continue that thought
+        row.partial = prefix[spans[-1][0] :]
+    if prefix and eos is not None and prefix[-1] == eos:
+        row.finish = "eos"
+    elif row.thought >= cfg.max_thoughts:
+        row.finish = "length"
+    return row
+
+
+def generate_thoughts(
+    backend: GenerationBackend,
+    requests: Sequence[GenerationRequest],
+    sampling: SamplingParams,
+    cfg: ThoughtConfig | None = None,
+) -> list[Completion]:
+    """Generate responses thought by thought.
+
+    Each round calls ``backend.generate`` once on the still-active requests, continuing from
+    ``prompt_ids`` + (the request's ``prefix_ids`` + thoughts so far) with ``stop=(delimiter,)``
+    and ``max_new_tokens=max_thought_tokens`` (``sampling``'s temperature/top-p/top-k are kept,
+    its ``max_new_tokens`` is ignored). Round r is seeded with ``round_seed(sampling.seed, r)``
+    (a fresh random base seed when ``sampling.seed`` is None). A row ends at EOS
+    (``finish_reason="eos"``), once a thought contains ``final_marker`` (``"stop"``), or once it
+    holds ``max_thoughts`` thoughts (``"length"``).
+
+    Args:
+        backend: Any generation backend (only ``generate`` and ``tokenizer`` are used).
+        requests: N requests; ``prefix_ids`` (e.g. a reset prefix) are kept exactly.
+        sampling: Sampling settings; ``sampling.stop`` must be empty.
+        cfg: Thought settings (defaults: :class:`ThoughtConfig`).
+
+    Returns:
+        N completions in request order: ``response_ids`` = prefix + all new thoughts (R,),
+        ``logprobs`` of the new tokens (R - prefix_len,), ``segment_ids`` (R,) the thought index
+        of each token (prefix tokens: the number of delimiters before them, as
+        :func:`thought_spans`; each round after that is one thought, so a capped thought without
+        delimiter is its own segment here although ``thought_spans`` would merge it with the
+        next), ``prefix_len`` = len(request prefix).
+    """
+    cfg = cfg if cfg is not None else ThoughtConfig()
+    if not cfg.delimiter:
+        raise ValueError("ThoughtConfig.delimiter must be a non-empty string")
+    if cfg.max_thoughts < 1 or cfg.max_thought_tokens < 1:
+        raise ValueError(
+            f"max_thoughts and max_thought_tokens must be >= 1, got {cfg.max_thoughts}, "
+            f"{cfg.max_thought_tokens}"
+        )
+    if sampling.stop:
+        raise ValueError(
+            "generate_thoughts sets the stop string itself (the delimiter); "
+            f"got stop={sampling.stop}"
+        )
+    tok = backend.tokenizer
+    delim = tuple(tok.encode(cfg.delimiter, add_special_tokens=False))
+    if not delim:
+        raise ValueError(f"delimiter {cfg.delimiter!r} encodes to no tokens")
+    eos = tok.eos_token_id
+    base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+    rows = [_start(r, delim, eos, cfg) for r in requests]
+
+    round_index = 0
+    while active := [row for row in rows if row.finish is None]:
+        params = replace(
+            sampling,
+            max_new_tokens=cfg.max_thought_tokens,
+            stop=(cfg.delimiter,),
+            seed=round_seed(base_seed, round_index),
+        )
+        outs = backend.generate(
+            [GenerationRequest(row.prompt_ids, tuple(row.ids)) for row in active], params
+        )
+        if len(outs) != len(active):
+            raise RuntimeError(f"backend returned {len(outs)} completions for {len(active)}")
+        for row, out in zip(active, outs):
+            if tuple(out.response_ids[: len(row.ids)]) != tuple(row.ids):
+                raise RuntimeError("backend changed the prefix ids of a continuation")
+            new = list(out.response_ids[len(row.ids) :])
+            row.ids.extend(new)
+            row.logprobs.extend(out.logprobs)
+            row.segment_ids.extend([row.thought] * len(new))
+            text = tok.decode(row.partial + new, skip_special_tokens=True)
+            row.partial = []
+            row.thought += 1
+            if out.finish_reason == "eos":
+                row.finish = "eos"
+            elif cfg.final_marker and cfg.final_marker in text:
+                row.finish = "stop"
+            elif row.thought >= cfg.max_thoughts:
+                row.finish = "length"
+        round_index += 1
+
+    texts = tok.batch_decode(
+        [row.ids for row in rows], skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
+    return [
+        Completion(
+            prompt_ids=row.prompt_ids,
+            response_ids=tuple(row.ids),
+            logprobs=tuple(row.logprobs),
+            finish_reason=row.finish or "length",
+            text=text,
+            prefix_len=row.prefix_len,
+            segment_ids=tuple(row.segment_ids),
+        )
+        for row, text in zip(rows, texts)
+    ]
