@@ -1,0 +1,61 @@
+"""Every registered part of this distribution passes its contract check."""
+
+import pytest
+
+from creditlab.registry import REGISTRIES
+from creditlab.testing import check_backend, check_common, check_part, check_verifier, make_batch
+from creditlab.types import Completion, Problem
+
+KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "advantage")
+PARTS = [(k, n) for k in KINDS for n in REGISTRIES[k].names() if REGISTRIES[k].entries[n].dist == "creditlab"]
+
+# Hub-backed tasks need a local file in tests; the fixture paths are set here.
+TASK_OPTIONS = {
+    "gsm8k": {"path": "tests/fixtures/math/gsm8k_small.jsonl"},
+    "math": {"path": "tests/fixtures/math/math_small.jsonl"},
+}
+
+
+def _verifier_inputs(name):
+    if name == "arith":
+        problems = list(REGISTRIES["task"].get("arith")().load("test"))[:3]
+        texts = [problems[0].metadata["solution"], "1+1=\\boxed{3}</thought>", "garbage"]
+    else:
+        problems = [Problem("a", "q", "18"), Problem("b", "q", "18"), Problem("c", "q", "18")]
+        texts = ["so #### 18 and \\boxed{18}", "\\boxed{17}", "no answer here"]
+    completions = [Completion((1,), (2, 3), (-0.1, -0.2), "eos", t) for t in texts]
+    return problems, completions
+
+
+@pytest.mark.parametrize("kind,name", PARTS, ids=[f"{k}:{n}" for k, n in PARTS])
+def test_contract(kind, name, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).parents[2])
+    cls = REGISTRIES[kind].get(name)
+    if kind == "backend":
+        from tests.helpers import tiny_model_and_tokenizer
+
+        model, tok = tiny_model_and_tokenizer()
+        part = cls(model=model, tokenizer=tok)
+        check_common(kind, part)
+        check_backend(part, [tuple(tok.encode("1+2=")), tuple(tok.encode("hello"))])
+    elif kind == "verifier":
+        part = cls()
+        try:
+            check_common(kind, part)
+            check_verifier(part, *_verifier_inputs(name))
+            assert part.metrics(), "a verifier reports its outcome counts"
+        finally:
+            part.close()
+    elif kind == "segmenter":
+        from tests.helpers import char_tokenizer
+
+        part = cls(tokenizer=char_tokenizer())
+        check_part(kind, part, batch=make_batch(vocab=40, seed=5))
+    elif kind == "task":
+        options = TASK_OPTIONS.get(name, {})
+        part = cls(cls.Config(**options))
+        check_part(kind, part, splits=("train", "test") if name == "arith" else ("test",))
+    else:
+        check_part(kind, cls())

@@ -1,0 +1,143 @@
+"""Tiny local model and tokenizer for tests (no hub access, builds in well under a second).
+
+Usage::
+
+    from tests.helpers import char_tokenizer, tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()            # 2 layers, hidden 64, random init
+    model, tok = tiny_model_and_tokenizer(tmp_path)    # also save_pretrained() into tmp_path
+    ids = tok.encode("1+2=", add_special_tokens=False) # one id per character
+
+The tokenizer is character level: every character of :data:`CHARS` (``string.printable``) is one
+token, and ``</thought>`` is one added (non-special) token, so it survives
+``decode(..., skip_special_tokens=True)``. Special tokens: ``<pad>`` (id 0), ``<eos>`` (1),
+``<bos>`` (2), ``<unk>`` (3); ``</thought>`` is id 4. No BOS/EOS is added on ``encode``.
+Decoding round-trips text exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: Characters that are one token each.
+CHARS: str = string.printable
+#: Special tokens in id order; ``THOUGHT`` follows them as a normal added token.
+SPECIALS: tuple[str, ...] = ("<pad>", "<eos>", "<bos>", "<unk>")
+THOUGHT: str = "</thought>"
+
+
+def char_tokenizer(chars: str = CHARS):
+    """A character-level ``PreTrainedTokenizerFast``.
+
+    Args:
+        chars: Characters that get one token each (after the special tokens and ``</thought>``).
+
+    Returns:
+        The tokenizer, with pad/eos/bos/unk set; ``len(tok) == 5 + len(chars)``.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate((*SPECIALS, THOUGHT))}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
+    core.add_tokens([AddedToken(THOUGHT, normalized=False, special=False)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def tiny_model_and_tokenizer(
+    tmp_path: str | Path | None = None,
+    seed: int = 0,
+    *,
+    num_layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    init_std: float = 0.1,
+    max_positions: int = 2048,
+):
+    """A randomly initialised tiny ``LlamaForCausalLM`` and its char-level tokenizer.
+
+    Args:
+        tmp_path: When given, both are saved there with ``save_pretrained`` (so
+            ``AutoModelForCausalLM.from_pretrained(tmp_path)`` works offline).
+        seed: Seed of the weight initialisation (same seed => same weights).
+        num_layers: Decoder layers.
+        hidden: Hidden size.
+        heads: Attention heads.
+        kv_heads: Key-value heads (default ``heads // 2``, grouped-query attention).
+        intermediate: MLP width (default ``2 * hidden``).
+        init_std: Init std of the weights; 0.1 (larger than Llama's 0.02) gives peaked logits, so
+            greedy decoding has few near-ties.
+        max_positions: ``max_position_embeddings``.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode, fp32, on CPU.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or max(1, heads // 2),
+        max_position_embeddings=max_positions,
+        initializer_range=init_std,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.eval()
+    if tmp_path is not None:
+        model.save_pretrained(tmp_path)
+        tok.save_pretrained(tmp_path)
+    return model, tok
+
+
+def with_token_bias(model, biases: dict[int, float]):
+    """A deep copy of ``model`` whose output logits get a constant bias per token id.
+
+    Useful to make a random model emit a token (``<eos>``, ``</thought>``) often, while keeping
+    a plain ``transformers`` model (teacher forcing through ``model(...)`` stays consistent).
+
+    Args:
+        model: A causal LM with an ``lm_head`` ``nn.Linear``.
+        biases: ``{token_id: added_logit}``.
+    """
+    import copy
+
+    new = copy.deepcopy(model)
+    old = new.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        for token_id, value in biases.items():
+            head.bias[token_id] = value
+    new.lm_head = head
+    return new

@@ -1,0 +1,226 @@
+"""Thought-by-thought generation and thought spans (METHODS.md section 2, TESTING trap 5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from creditlab.backends.hf import HFBackend
+from creditlab.generation import ThoughtConfig, generate_thoughts, round_seed, thought_spans
+from creditlab.interfaces import GenerationBackend
+from creditlab.types import Completion, GenerationRequest, SamplingParams
+from tests.helpers import THOUGHT, char_tokenizer, tiny_model_and_tokenizer, with_token_bias
+
+TOK = char_tokenizer()
+D = TOK.convert_tokens_to_ids(THOUGHT)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models decode ~10x faster on one thread when the machine is busy (OMP barriers)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def enc(text: str) -> tuple[int, ...]:
+    return tuple(TOK.encode(text, add_special_tokens=False))
+
+
+# --- thought_spans --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "ids,delim,spans",
+    [
+        ((), (9,), ()),
+        ((1, 2, 3), (9,), ((0, 3),)),
+        ((1, 9, 2, 9), (9,), ((0, 2), (2, 4))),
+        ((9, 9, 1), (9,), ((0, 1), (1, 2), (2, 3))),
+        ((1, 7, 8, 2, 7, 8, 3), (7, 8), ((0, 3), (3, 6), (6, 7))),
+        ((7, 7, 8, 7), (7, 8), ((0, 3), (3, 4))),  # a partial delimiter does not split
+        ((7, 8, 7, 8), (7, 8, 7), ((0, 3), (3, 4))),  # left to right, no overlap
+    ],
+)
+def test_thought_spans(ids, delim, spans):
+    assert thought_spans(ids, delim) == spans
+    covered = [i for a, b in spans for i in range(a, b)]
+    assert covered == list(range(len(ids)))  # a partition of [0, len)
+
+
+def test_thought_spans_rejects_empty_delimiter():
+    with pytest.raises(ValueError):
+        thought_spans((1, 2), ())
+
+
+# --- a scripted backend ---------------------------------------------------------------------
+class Scripted(GenerationBackend):
+    """Serves, per prompt, the next thought of a script: ``(text, finish_reason)``."""
+
+    def __init__(self, scripts: dict[str, list[tuple[str, str]]]) -> None:
+        super().__init__(model=None, tokenizer=TOK)
+        self.scripts = {enc(p): list(s) for p, s in scripts.items()}
+        self.calls: list[tuple[list[GenerationRequest], SamplingParams]] = []
+
+    def generate(self, requests, sampling):
+        self.calls.append((list(requests), sampling))
+        out = []
+        for r in requests:
+            text, finish = self.scripts[r.prompt_ids].pop(0)
+            new = enc(text)
+            lps = (-0.5,) * len(new)
+            out.append(
+                Completion(r.prompt_ids, r.prefix_ids + new, lps, finish, "", len(r.prefix_ids))
+            )
+        return out
+
+
+def _segments(c: Completion) -> list[str]:
+    """Decoded text of each segment id, in order."""
+    ids = sorted(set(c.segment_ids))
+    assert ids == list(range(ids[0], ids[-1] + 1))
+    return [TOK.decode([t for t, s in zip(c.response_ids, c.segment_ids) if s == j]) for j in ids]
+
+
+def test_thoughts_until_final_marker_with_round_seeds():
+    be = Scripted(
+        {
+            "p": [
+                ("a+b" + THOUGHT, "stop"),
+                ("c" + THOUGHT, "stop"),
+                ("so \\boxed{3}" + THOUGHT, "stop"),
+                ("x", "stop"),
+            ],
+            "q": [("z" * 4, "length"), ("w" + THOUGHT, "stop"), ("end<eos>", "eos")],
+        }
+    )
+    sp = SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=999, seed=5)
+    cfg = ThoughtConfig(max_thought_tokens=4)
+    reqs = [GenerationRequest(enc("p")), GenerationRequest(enc("q"))]
+    p, q = generate_thoughts(be, reqs, sp, cfg)
+
+    assert p.finish_reason == "stop"
+    assert _segments(p) == ["a+b" + THOUGHT, "c" + THOUGHT, "so \\boxed{3}" + THOUGHT]
+    assert thought_spans(p.response_ids, (D,)) == ((0, 4), (4, 6), (6, 19))
+    assert len(p.logprobs) == len(p.response_ids) and p.prefix_len == 0
+    assert p.text == "a+b" + THOUGHT + "c" + THOUGHT + "so \\boxed{3}" + THOUGHT
+    # a capped thought without delimiter counts as one thought; EOS ends the row
+    assert q.finish_reason == "eos" and _segments(q) == ["zzzz", "w" + THOUGHT, "end<eos>"]
+
+    assert [len(reqs) for reqs, _ in be.calls] == [2, 2, 2]
+    for r, (reqs, params) in enumerate(be.calls):
+        assert params.seed == round_seed(5, r) and params.stop == (THOUGHT,)
+        assert params.max_new_tokens == 4 and (params.temperature, params.top_p) == (0.7, 0.95)
+    assert be.calls[1][0][0].prefix_ids == enc("a+b" + THOUGHT)
+    assert len({round_seed(5, r) for r in range(20)}) == 20
+
+
+def test_max_thoughts_counts_prefix_thoughts_and_rows_leave_the_batch():
+    be = Scripted(
+        {"p": [(f"{i}" + THOUGHT, "stop") for i in range(9)], "q": [("a" + THOUGHT, "stop")] * 9}
+    )
+    prefix = enc("x" + THOUGHT + "y" + THOUGHT)
+    reqs = [GenerationRequest(enc("p")), GenerationRequest(enc("q"), prefix)]
+    p, q = generate_thoughts(be, reqs, SamplingParams(seed=0), ThoughtConfig(max_thoughts=4))
+    assert p.finish_reason == q.finish_reason == "length"
+    assert _segments(p) == [f"{i}" + THOUGHT for i in range(4)]
+    assert q.response_ids[:4] == prefix and q.prefix_len == 4 and len(q.logprobs) == 4
+    assert q.segment_ids == (0, 0, 1, 1, 2, 2, 3, 3)
+    assert [len(reqs) for reqs, _ in be.calls] == [2, 2, 1, 1]
+    req = GenerationRequest(enc("q"), prefix)
+    [done] = generate_thoughts(be, [req], SamplingParams(), ThoughtConfig(max_thoughts=2))
+    assert done.response_ids == prefix and done.finish_reason == "length" and done.logprobs == ()
+
+
+def test_prefix_ending_mid_thought_continues_that_thought():
+    be = Scripted({"p": [("ed{4}" + THOUGHT, "stop"), ("never", "stop")]})
+    prefix = enc("s1" + THOUGHT + "\\box")
+    [c] = generate_thoughts(be, [GenerationRequest(enc("p"), prefix)], SamplingParams(seed=1))
+    assert c.response_ids[: len(prefix)] == prefix and c.prefix_len == len(prefix)
+    assert _segments(c) == ["s1" + THOUGHT, "\\boxed{4}" + THOUGHT]  # marker split across rounds
+    assert c.finish_reason == "stop" and len(be.calls) == 1
+    spans = thought_spans(c.response_ids, (D,))
+    assert [c.segment_ids[a:b] == (j,) * (b - a) for j, (a, b) in enumerate(spans)] == [True] * 2
+
+
+def test_invalid_thought_settings_raise():
+    be = Scripted({})
+    req = [GenerationRequest(enc("p"))]
+    with pytest.raises(ValueError, match="stop"):
+        generate_thoughts(be, req, SamplingParams(stop=("\n",)))
+    for kw in (dict(max_thoughts=0), dict(max_thought_tokens=0), dict(delimiter="")):
+        cfg = ThoughtConfig(**kw)
+        with pytest.raises(ValueError):
+            generate_thoughts(be, req, SamplingParams(), cfg)
+
+
+# --- with the real HF backend ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf():
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    biased = with_token_bias(model, {D: 1.2, 0: -1e4, 2: -1e4, 3: -1e4})  # short thoughts
+    return HFBackend(model=biased, tokenizer=tok), tok
+
+
+PROMPTS = ["1+2=", "hello world", "x", "abc def ghi"]
+
+
+def test_greedy_thoughts_equal_plain_greedy_and_segments_match_spans(hf):
+    be, tok = hf
+    reqs = [GenerationRequest(tuple(tok.encode(p, add_special_tokens=False))) for p in PROMPTS]
+    cfg = ThoughtConfig(max_thoughts=5, max_thought_tokens=12, final_marker="")
+    greedy = SamplingParams(temperature=0.0)
+    out = generate_thoughts(be, reqs, greedy, cfg)
+    plain = be.generate(reqs, SamplingParams(temperature=0.0, max_new_tokens=60))
+    n_delim = 0
+    for c, p in zip(out, plain):
+        assert c.response_ids == p.response_ids[: len(c.response_ids)]  # rounds resume exactly
+        assert len(c.logprobs) == len(c.response_ids) == len(c.segment_ids)
+        pairs = list(zip(c.response_ids, c.segment_ids))
+        segs = [[t for t, s in pairs if s == j] for j in range(max(c.segment_ids) + 1)]
+        assert len(segs) <= 5 and all(s for s in segs)
+        for s in segs:  # each thought ends at the delimiter, EOS or the cap
+            assert s[-1] in (D, tok.eos_token_id) or len(s) == 12
+            assert D not in s[:-1]
+        n_delim += sum(s[-1] == D for s in segs)
+        if all(s[-1] == D for s in segs[:-1]):
+            spans = thought_spans(c.response_ids, (D,))
+            assert [c.segment_ids[a] for a, _ in spans] == list(range(len(spans)))
+            assert all(len(set(c.segment_ids[a:b])) == 1 for a, b in spans)
+        if c.finish_reason == "length":
+            assert len(segs) == 5
+    assert n_delim >= 4
+
+
+def test_final_marker_and_resume_from_thought_prefix(hf):
+    be, tok = hf
+    reqs = [GenerationRequest(tuple(tok.encode(p, add_special_tokens=False))) for p in PROMPTS]
+    base = ThoughtConfig(max_thoughts=6, max_thought_tokens=10, final_marker="")
+    sp = SamplingParams(temperature=0.0)
+    full = generate_thoughts(be, reqs, sp, base)
+    checked = 0
+    for r, c in zip(reqs, full):
+        if max(c.segment_ids) < 2:
+            continue
+        end = c.segment_ids.index(2)  # prefix = thoughts 0 and 1, delimiters included
+        if c.response_ids[: end].count(D) != 2:
+            continue  # a capped thought: delimiter counting would merge it (documented)
+        checked += 1
+        req = GenerationRequest(r.prompt_ids, c.response_ids[:end])
+        [resumed] = generate_thoughts(be, [req], sp, base)
+        assert resumed.response_ids == c.response_ids and resumed.segment_ids == c.segment_ids
+        assert resumed.prefix_len == end and len(resumed.logprobs) == len(c.response_ids) - end
+        # a final marker taken from thought 1 ends the row right after that thought
+        marker = tok.decode([t for t, s in zip(c.response_ids, c.segment_ids) if s == 1][:1])
+        if marker not in tok.decode(c.response_ids[: c.segment_ids.index(1)]):
+            cfg = ThoughtConfig(max_thoughts=6, max_thought_tokens=10, final_marker=marker)
+            [m] = generate_thoughts(be, [r], sp, cfg)
+            assert m.finish_reason == "stop" and m.response_ids == c.response_ids[:end]
+    assert checked >= 2
+
+
+def test_seeded_thought_sampling_is_deterministic(hf):
+    be, tok = hf
+    reqs = [GenerationRequest(tuple(tok.encode(p, add_special_tokens=False))) for p in PROMPTS]
+    cfg = ThoughtConfig(max_thoughts=3, max_thought_tokens=8)
+    sp = SamplingParams(temperature=1.0, top_p=0.95, seed=4)
+    assert generate_thoughts(be, reqs, sp, cfg) == generate_thoughts(be, reqs, sp, cfg)

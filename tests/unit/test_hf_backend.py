@@ -1,0 +1,320 @@
+"""HFBackend: exact sampling settings, seeded determinism, logprobs = trainer's, stops, EOS,
+prefix continuation and padding invariance (TESTING traps 4, 5, 7)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from creditlab.backends.hf import HFBackend, SamplingPlan, sample_tokens
+from creditlab.types import GenerationRequest, SamplingParams
+from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
+
+PROMPTS = ["1+2=", "hello world, how are", "x", "abc def ghi jkl mno", "Q: 17*3?"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models decode ~10x faster on one thread when the machine is busy (OMP barriers)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def mt():
+    return tiny_model_and_tokenizer(seed=0)
+
+
+@pytest.fixture(scope="module")
+def backend(mt):
+    model, tok = mt
+    return HFBackend(model=model, tokenizer=tok)
+
+
+def _reqs(tok, prompts=PROMPTS, prefixes=None):
+    prefixes = prefixes or [()] * len(prompts)
+    return [
+        GenerationRequest(tuple(tok.encode(p, add_special_tokens=False)), tuple(x))
+        for p, x in zip(prompts, prefixes)
+    ]
+
+
+def _teacher_logprobs(model, prompt_ids, response_ids, temperature=1.0):
+    """(R, V) log_softmax(logits / T) predicting each response token, from a plain forward."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    p = len(prompt_ids)
+    return torch.log_softmax(logits[p - 1 : -1] / temperature, -1)
+
+
+def _greedy(backend, reqs, n=24, **kw):
+    return backend.generate(reqs, SamplingParams(temperature=0.0, max_new_tokens=n, **kw))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(temperature=-0.1),
+        dict(temperature=float("nan")),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-1),
+        dict(max_new_tokens=-3),
+        dict(stop="</thought>"),
+        dict(stop=("",)),
+        dict(seed=1.5),
+    ],
+)
+def test_invalid_sampling_params_raise(backend, mt, bad):
+    with pytest.raises(ValueError):
+        backend.generate(_reqs(mt[1])[:1], SamplingParams(**bad))
+
+
+def test_empty_request_raises_and_no_requests_is_empty(backend):
+    assert backend.generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="neither"):
+        backend.generate([GenerationRequest(())], SamplingParams())
+
+
+def test_seeded_determinism_and_effective_settings(backend, mt):
+    reqs = _reqs(mt[1])
+    sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=30, max_new_tokens=16, seed=3)
+    a, b = backend.generate(reqs, sp), backend.generate(reqs, sp)
+    assert a == b
+    eff = backend.last_effective
+    assert (eff["temperature"], eff["top_p"], eff["top_k"], eff["seed"]) == (1.0, 0.9, 30, 3)
+    c = backend.generate(reqs, SamplingParams(temperature=1.0, max_new_tokens=16, seed=4))
+    assert [x.response_ids for x in a] != [x.response_ids for x in c]
+    backend.generate(reqs, SamplingParams(max_new_tokens=2))  # seed None: a fresh seed
+    assert isinstance(backend.last_effective["seed"], int)
+
+
+def test_greedy_is_teacher_forced_argmax_and_logprobs_match(backend, mt):
+    model, tok = mt
+    for c in _greedy(backend, _reqs(tok)):
+        lp = _teacher_logprobs(model, c.prompt_ids, c.response_ids)
+        assert lp.argmax(-1).tolist() == list(c.response_ids)
+        got = torch.tensor(c.logprobs)
+        want = lp.gather(1, torch.tensor(c.response_ids)[:, None]).squeeze(1)
+        assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_sampled_logprobs_equal_teacher_forced_at_temperature(backend, mt):
+    """Trap 4: log_softmax(logits / T) before truncation, for sampled and prefixed rows."""
+    model, tok = mt
+    prefixes = [(), tok.encode("ab", add_special_tokens=False), (), (7, 8, 9, 10), ()]
+    reqs = _reqs(tok, prefixes=prefixes)
+    sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=20, seed=11)
+    for r, c in zip(reqs, backend.generate(reqs, sp)):
+        assert c.response_ids[: c.prefix_len] == r.prefix_ids
+        new = c.response_ids[c.prefix_len :]
+        lp = _teacher_logprobs(model, r.prompt_ids, c.response_ids, 0.7)[c.prefix_len :]
+        want = lp.gather(1, torch.tensor(new)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+
+
+def test_sampled_tokens_stay_in_top_k_and_top_p_sets(backend, mt):
+    model, tok = mt
+    reqs = _reqs(tok)
+    for top_k, top_p in [(3, 1.0), (0, 0.5), (5, 0.6)]:
+        sp = SamplingParams(temperature=1.3, top_k=top_k, top_p=top_p, max_new_tokens=24, seed=5)
+        for c in backend.generate(reqs, sp):
+            probs = _teacher_logprobs(model, c.prompt_ids, c.response_ids, 1.3).exp()
+            for t, row in zip(c.response_ids, probs):
+                order = row.argsort(descending=True)
+                allowed = order[: top_k or len(order)]
+                kept = row[allowed] / row[allowed].sum()
+                mass_before = kept.cumsum(0) - kept
+                allowed = allowed[mass_before < top_p + 1e-5]
+                assert t in allowed.tolist()
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy(backend, mt):
+    reqs = _reqs(mt[1])
+    greedy = [c.response_ids for c in _greedy(backend, reqs)]
+    for kw in (dict(top_k=1), dict(top_p=1e-6)):
+        sp = SamplingParams(temperature=1.5, max_new_tokens=24, seed=2, **kw)
+        out = backend.generate(reqs, sp)
+        assert [c.response_ids for c in out] == greedy
+
+
+def test_sample_tokens_truncation_order_and_frequencies():
+    """Crafted logits: exact supports of top-k then top-p, and frequencies without truncation."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(20000, 4).contiguous()
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(top_k=0, top_p=1.0):
+        plan = SamplingPlan(1.0, top_p, top_k, 1, (), 0, None, 0, ())
+        tok, lp = sample_tokens(logits, plan, gen)
+        assert torch.allclose(lp, probs.log()[tok], atol=1e-6)  # before truncation
+        return torch.bincount(tok, minlength=4)
+
+    assert (draw(top_p=0.75)[2:] == 0).all() and (draw(top_p=0.75)[:2] > 0).all()
+    assert (draw(top_k=2)[2:] == 0).all()
+    assert draw(top_k=2, top_p=0.6)[1:].sum() == 0  # top-p on the renormalised top-2 (0.625)
+    freq = draw().double() / 20000
+    assert torch.allclose(freq, probs.double(), atol=0.015)  # ~5 sigma, seeded
+
+
+def test_generation_config_cannot_change_sampling(mt):
+    """Trap 7: a stored top_k=50 / temperature=0.1 / penalties are ignored by our loop."""
+    model, tok = mt
+    odd = copy.deepcopy(model)
+    gc = odd.generation_config
+    gc.do_sample, gc.top_k, gc.temperature, gc.top_p = True, 50, 0.1, 0.3
+    gc.repetition_penalty, gc.eos_token_id = 2.0, [1, 5]
+    reqs = _reqs(tok)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, seed=9)
+    a = HFBackend(model=model, tokenizer=tok).generate(reqs, sp)
+    b_backend = HFBackend(model=odd, tokenizer=tok)
+    b = b_backend.generate(reqs, sp)
+    assert a == b
+    assert b_backend.last_effective["top_k"] == 0 and b_backend.last_effective["temperature"] == 1.0
+
+
+def test_single_token_stop_strings_end_rows_and_are_kept(mt):
+    model, tok = mt
+    thought = tok.convert_tokens_to_ids(THOUGHT)
+    biased = with_token_bias(model, {thought: 1.0})
+    be = HFBackend(model=biased, tokenizer=tok)
+    reqs = _reqs(tok)
+    free = _greedy(be, reqs, n=40)
+    stopped = _greedy(be, reqs, n=40, stop=(THOUGHT,))
+    assert be.last_effective["stop_token_ids"] == (thought,)
+    n_hits = 0
+    for f, s in zip(free, stopped):
+        if thought in f.response_ids:
+            n_hits += 1
+            cut = f.response_ids.index(thought) + 1
+            assert s.response_ids == f.response_ids[:cut] and s.finish_reason == "stop"
+            assert s.text.endswith(THOUGHT) and len(s.logprobs) == cut
+        else:
+            assert s.response_ids == f.response_ids
+    assert n_hits >= 2
+
+
+def _chars_only(model):
+    """The model with special tokens (ids 0-4) suppressed: one character per generated token."""
+    return with_token_bias(model, {i: -1e4 for i in range(5)})
+
+
+def test_multi_char_and_char_stop_strings(mt):
+    model, tok = mt
+    backend = HFBackend(model=_chars_only(model), tokenizer=tok)
+    reqs = _reqs(tok)[:3]
+    free = _greedy(backend, reqs, n=14)
+    for f in free:
+        text = tok.decode(f.response_ids)
+        for stop in (text[6], text[6:8], text[5:9]):  # one char = one token; 2 and 4 chars
+            [s] = _greedy(backend, [GenerationRequest(f.prompt_ids)], n=14, stop=(stop, "§§"))
+            end = text.index(stop) + len(stop)
+            assert s.text == text[:end] and s.finish_reason == "stop"
+            assert s.response_ids == f.response_ids[:end]  # char tokenizer: 1 char per token
+
+
+def test_stop_string_in_prefix_does_not_count(mt):
+    """Stop strings are matched in the generated text only (as vLLM does)."""
+    model, tok = mt
+    backend = HFBackend(model=_chars_only(model), tokenizer=tok)
+    checked = 0
+    for f in _greedy(backend, _reqs(tok)[:3], n=16):
+        text = tok.decode(f.response_ids)
+        in_prefix = {text[i : i + 2] for i in range(4)}
+        for stop in sorted(in_prefix - {text[i : i + 2] for i in range(5, 15)})[:2]:
+            req = GenerationRequest(f.prompt_ids, f.response_ids[:5])  # the prefix holds `stop`
+            [s] = _greedy(backend, [req], n=11, stop=(stop,))
+            assert s.response_ids == f.response_ids and s.finish_reason == "length"
+            checked += 1
+    assert checked >= 3
+
+
+def test_eos_ends_rows_and_is_kept_and_compaction_is_invariant(mt):
+    model, tok = mt
+    biased = with_token_bias(model, {tok.eos_token_id: 1.2})
+    reqs = _reqs(tok)
+    runs = [
+        HFBackend(HFBackend.Config(compact_fraction=f), model=biased, tokenizer=tok).generate(
+            reqs, SamplingParams(temperature=0.0, max_new_tokens=30)
+        )
+        for f in (0.0, 1.0)
+    ]
+    assert runs[0] == runs[1]
+    ends = [c for c in runs[0] if c.finish_reason == "eos"]
+    assert 2 <= len(ends) < len(reqs)  # some rows end early, others keep going
+    for c in ends:
+        assert c.response_ids[-1] == tok.eos_token_id
+        assert tok.eos_token_id not in c.response_ids[:-1]
+        assert "<eos>" not in c.text and len(c.logprobs) == len(c.response_ids)
+    singles = [
+        HFBackend(model=biased, tokenizer=tok).generate([r], SamplingParams(0.0, max_new_tokens=30))
+        for r in reqs
+    ]
+    assert [s[0].response_ids for s in singles] == [c.response_ids for c in runs[0]]
+
+
+def test_max_new_tokens_gives_length(backend, mt):
+    reqs = _reqs(mt[1])
+    for c in _greedy(backend, reqs, n=7):
+        assert c.finish_reason == "length" and len(c.response_ids) == 7 == len(c.logprobs)
+    prefixed = [GenerationRequest(reqs[0].prompt_ids, (5, 6))]
+    [c] = backend.generate(prefixed, SamplingParams(max_new_tokens=0))
+    assert c.response_ids == (5, 6) and c.logprobs == () and c.finish_reason == "length"
+
+
+def test_prefix_continuation_reproduces_uninterrupted_greedy_run(backend, mt):
+    """Trap 5: prefix ids + continuation ids == the original ids."""
+    reqs = _reqs(mt[1])
+    full = _greedy(backend, reqs, n=30)
+    for k in (1, 12, 29):
+        cut = [GenerationRequest(r.prompt_ids, f.response_ids[:k]) for r, f in zip(reqs, full)]
+        resumed = _greedy(backend, cut, n=30 - k)
+        for f, c in zip(full, resumed):
+            assert c.prefix_len == k and c.response_ids[:k] == f.response_ids[:k]
+            assert c.response_ids == f.response_ids
+            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(f.logprobs[k:]), atol=1e-4)
+
+
+def test_mixed_batch_equals_rows_alone(mt):
+    """Padding invariance over prompt and prefix lengths, batch chunking and cache variants."""
+    model, tok = mt
+    prefixes = [(), (20, 21, 22, 23, 24, 25, 26), (30,), (), (40, 41, 42)]
+    reqs = _reqs(tok, prefixes=prefixes)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=12)
+    ref = HFBackend(model=model, tokenizer=tok)
+    alone = [ref.generate([r], sp)[0] for r in reqs]
+    for cfg in (
+        HFBackend.Config(),
+        HFBackend.Config(max_batch_size=2),
+        HFBackend.Config(preallocate_kv=False),
+        HFBackend.Config(use_cache=False),
+    ):
+        batch = HFBackend(cfg, model=model, tokenizer=tok).generate(reqs, sp)
+        assert [c.response_ids for c in batch] == [c.response_ids for c in alone], cfg
+        for a, b in zip(alone, batch):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_train_mode_restored_and_load_weights(mt):
+    model, tok = mt
+    model = copy.deepcopy(model)
+    model.train()
+    model.model.layers[0].eval()  # a mixed state must come back exactly
+    be = HFBackend(model=model, tokenizer=tok)
+    reqs = _reqs(tok)[:2]
+    before = _greedy(be, reqs, n=8)
+    assert model.training and not model.model.layers[0].training and model.model.layers[1].training
+    be.load_weights(None)
+    assert _greedy(be, reqs, n=8) == before
+    other, _ = tiny_model_and_tokenizer(seed=1)
+    be.load_weights(other.state_dict())
+    assert [c.response_ids for c in _greedy(be, reqs, n=8)] == [
+        c.response_ids for c in _greedy(HFBackend(model=other, tokenizer=tok), reqs, n=8)
+    ]
+    metrics = be.metrics()
+    assert metrics["tokens"] > 0 and metrics["tokens_per_s"] > 0
