@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from creditlab.interfaces import Task
+from creditlab.registry import InputError
 from creditlab.types import Problem
 
 
@@ -29,12 +30,12 @@ def _check_problems(problems: Sequence[Problem], task: Task, split: str) -> list
     problems = list(problems)
     name = type(task).__name__
     if not problems:
-        raise ValueError(f"task {name} returned no problems for split '{split}'")
+        raise InputError(f"task {name} returned no problems for split '{split}'")
     for i, p in enumerate(problems):
         if not isinstance(p, Problem):
-            raise TypeError(f"task {name}, split '{split}', item {i}: expected Problem, got {type(p).__name__}")
+            raise InputError(f"task {name}, split '{split}', item {i}: expected Problem, got {type(p).__name__}")
         if not isinstance(p.prompt, str) or not p.prompt:
-            raise ValueError(f"task {name}, split '{split}', problem {p.id!r}: prompt must be a non-empty string")
+            raise InputError(f"task {name}, split '{split}', problem {p.id!r}: prompt must be a non-empty string")
     return problems
 
 

@@ -8,7 +8,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from creditlab.registry import ConfigError, RegistryError
+from creditlab.registry import InputError, RegistryError
 from creditlab.train import CONF_DIR, run
 
 
@@ -17,7 +17,7 @@ def main(cfg: DictConfig) -> float | None:
     """Run one job; returns the final held-out pass@1 (a sweeper's objective)."""
     try:
         summary = run(cfg, HydraConfig.get().runtime.output_dir)
-    except (ConfigError, RegistryError, FileNotFoundError) as exc:
+    except (InputError, RegistryError, FileNotFoundError) as exc:
         print(f"creditlab: error: {exc}", file=sys.stderr)
         sys.exit(2)
     return summary.get("eval_pass@1_last")

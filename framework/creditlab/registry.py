@@ -33,7 +33,11 @@ class RegistryError(LookupError):
     """An unknown, clashing or broken plug-in. The message says what would be right."""
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """Bad user input (config, data, prompts). Reported as one clear message, no traceback."""
+
+
+class ConfigError(InputError):
     """A config key or value that does not fit a part's ``Config``."""
 
 

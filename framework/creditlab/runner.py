@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.datamodule import TaskDataModule
@@ -81,6 +81,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     planner = RolloutPlanner(rollout, parts["backend"], parts["verifier"], parts["reset_selector"])
     steps = int(cfg.trainer.max_steps)
     data = TaskDataModule(parts["task"], run_cfg.prompts_per_step, steps, run_cfg.seed)
+    data.train_problems  # load and check both splits now: bad data fails before training starts
     module = CreditAssignmentModule(
         model, tokenizer,
         Parts(parts["backend"], parts["verifier"], parts["segmenter"], parts["advantage"], planner),
@@ -99,7 +100,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     callbacks = [ModelCheckpoint(
         dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
         save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
-    )]
+    ), OnExceptionCheckpoint(dirpath=out_dir / "checkpoints", filename="interrupted")]
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir))
     trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=_loggers(cfg, out_dir, resume_step, run_cfg))

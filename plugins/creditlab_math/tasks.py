@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditlab.interfaces import Task
-from creditlab.registry import ConfigError
+from creditlab.registry import ConfigError, InputError
 from creditlab.types import Problem
 from creditlab_math.extract import after_last_hashes, last_boxed
 
@@ -40,7 +40,7 @@ MATH_TEMPLATE = (
 _EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-class TaskDataError(ValueError):
+class TaskDataError(InputError):
     """A data file or row that does not fit the task. The message says what would be right."""
 
 

@@ -318,3 +318,16 @@ def test_train_mode_restored_and_load_weights(mt):
     ]
     metrics = be.metrics()
     assert metrics["tokens"] > 0 and metrics["tokens_per_s"] > 0
+
+
+def test_prompt_longer_than_context_is_a_clear_error():
+    from creditlab.backends.hf import HFBackend
+    from creditlab.types import GenerationRequest, SamplingParams
+    from tests.helpers import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    backend = HFBackend(model=model, tokenizer=tok)
+    context = model.config.max_position_embeddings
+    req = GenerationRequest(tuple([5] * context))
+    with pytest.raises(ValueError, match="exceeds the model's context of"):
+        backend.generate([req], SamplingParams(max_new_tokens=4, seed=0))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from creditlab.registry import InputError
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, SamplingParams
 
@@ -218,9 +219,19 @@ class HFBackend(GenerationBackend):
         """One completion per request, in request order (see the class docstring)."""
         validate_sampling(sampling)
         requests = list(requests)
+        context = getattr(self.model.config, "max_position_embeddings", None)
         for i, r in enumerate(requests):
             if len(r.prompt_ids) + len(r.prefix_ids) == 0:
                 raise ValueError(f"request {i} has neither prompt_ids nor prefix_ids")
+            need = len(r.prompt_ids) + len(r.prefix_ids) + sampling.max_new_tokens
+            if context is not None and need > context:
+                raise InputError(
+                    f"request {i}: prompt ({len(r.prompt_ids)} tokens) + prefix "
+                    f"({len(r.prefix_ids)}) + max_new_tokens ({sampling.max_new_tokens}) = {need} "
+                    f"exceeds the model's context of {context} positions. Shorten the prompt "
+                    f"(task.prompt_template / task.limit), lower rollout.max_new_tokens, or use a "
+                    f"model with a longer context."
+                )
         plan = self._plan(sampling)
         self.last_effective = {**dataclasses.asdict(plan), "greedy": plan.greedy}
         requested = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens)
