@@ -7,30 +7,11 @@ import pytest
 from creditlab.cli import compose
 from creditlab.loggers import read_metrics
 from creditlab.train import run
+from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
 
-SMALL = [
-    "logger=none",
-    "prompts_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=32",
-    "eval.every=2",
-    "eval.problems=8",
-    "checkpoint_every=1",
-    "task.num_train=64",
-    "task.num_test=16",
-    "+model.recipe_args={layers: 2, hidden_size: 64, heads: 2, intermediate_size: 128, steps: 40}",
-]
 VOLATILE = ("wall", "time/")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CREDITLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
 
 
 def _train(out_dir, *overrides):

@@ -1,0 +1,36 @@
+"""The command line for real: a Hydra multirun over two presets, in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.conftest import SMALL
+
+pytestmark = pytest.mark.slow
+
+
+def test_multirun_over_presets(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable, "-m", "creditlab.cli", "train", "-m", "method=grpo,dr_grpo",
+        "trainer.max_steps=1", *[o for o in SMALL if not o.startswith("eval.every")], "eval.every=0",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job, method in ((0, "grpo"), (1, "dr_grpo")):
+        rows = [json.loads(x) for x in (sweep / str(job) / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["step"] == 1
+        prov = json.loads((sweep / str(job) / "plugins.json").read_text())
+        assert prov["advantage"]["name"] == method
+
+
+def test_bad_override_exits_with_message(tmp_path):
+    cmd = [sys.executable, "-m", "creditlab.cli", "train", "advantage=nope"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "unknown advantage 'nope'" in out.stderr and "Traceback" not in out.stderr
