@@ -181,7 +181,7 @@ class CreditAssignmentModule(L.LightningModule):
         n_mini = cfg.updates_per_batch
         old = self.old_logprobs(rollout) if n_mini > 1 else None
         ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
-        order = torch.randperm(rollout.size, generator=self.handle(self.rl_step, 3).rng)
+        order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(step_seed(self.seed, self.rl_step, 3)))
         sums: dict[str, float] = {}
         for rows in torch.tensor_split(order, n_mini):
             stats = MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg)
