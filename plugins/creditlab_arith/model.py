@@ -1,0 +1,258 @@
+"""Model recipe ``arith_tiny``: a small Llama with a character tokenizer, warm-started on ``arith``.
+
+``build_tiny_model(args)`` returns a local directory holding an ordinary HF checkpoint (model,
+tokenizer, generation config) loadable with ``AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained``. The warm start is supervised fine-tuning on the reference
+solutions of the task's TRAIN split (prompt tokens masked out of the loss); its result is cached
+under ``$CREDITLAB_CACHE/models/arith_tiny-<hash>`` (default cache ``~/.cache/creditlab``), the
+hash covering the resolved arguments and :data:`RECIPE_VERSION`.
+
+Training texts: ``<s> + prompt`` (masked) followed by ``solution + </s>`` (trained), the same
+token ids as the tokenizer produces for ``tokenizer(prompt)`` and
+``tokenizer(solution, add_special_tokens=False)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditlab_arith.task import ArithTask
+from creditlab_arith.tokenizer import build_char_tokenizer
+
+#: Bump when the recipe changes in a way that changes the produced weights.
+RECIPE_VERSION = 1
+#: Written last inside a finished checkpoint; its presence marks the directory as complete.
+MARKER = "creditlab_recipe.json"
+
+#: Recipe arguments and their defaults (``task`` holds ArithTask.Config overrides).
+DEFAULTS: dict[str, Any] = {
+    "task": {},
+    "layers": 4,
+    "hidden_size": 128,
+    "heads": 4,
+    "intermediate_size": 512,
+    "steps": 600,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup_steps": 30,
+    "weight_decay": 0.01,
+    "seed": 0,
+    "threads": 2,
+}
+
+
+def cache_root() -> Path:
+    """``$CREDITLAB_CACHE`` or ``~/.cache/creditlab``."""
+    return Path(os.environ.get("CREDITLAB_CACHE") or Path.home() / ".cache" / "creditlab")
+
+
+def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge ``args`` over :data:`DEFAULTS`, validating keys and the task overrides.
+
+    Raises:
+        ValueError: On an unknown key (recipe or task).
+    """
+    args = dict(args or {})
+    unknown = sorted(set(args) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"unknown arith_tiny argument(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))} "
+            f"(task options go under 'task')"
+        )
+    out = {**DEFAULTS, **args}
+    fields = {f.name for f in dataclasses.fields(ArithTask.Config)}
+    task = dict(out["task"] or {})
+    bad = sorted(set(task) - fields)
+    if bad:
+        raise ValueError(f"unknown task option(s) {bad} for arith_tiny; valid: {sorted(fields)}")
+    out["task"] = dataclasses.asdict(ArithTask.Config(**task))
+    return out
+
+
+def checkpoint_dir(args: Mapping[str, Any] | None = None) -> Path:
+    """Where the checkpoint for ``args`` lives (whether or not it exists yet)."""
+    resolved = resolve_args(args)
+    blob = json.dumps({"recipe": RECIPE_VERSION, "args": resolved}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"arith_tiny-{digest}"
+
+
+def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
+    """Build (or reuse from the cache) the warm-started tiny model; return its directory.
+
+    Args:
+        args: Optional overrides of :data:`DEFAULTS`: ``task`` (ArithTask.Config fields),
+            ``layers``, ``hidden_size``, ``heads``, ``intermediate_size``, ``steps`` (warm-start
+            optimizer steps), ``batch_size``, ``lr``, ``warmup_steps``, ``weight_decay``,
+            ``seed``, ``threads`` (torch CPU threads while training).
+
+    Returns:
+        The checkpoint directory, as a string.
+    """
+    resolved = resolve_args(args)
+    final = checkpoint_dir(resolved)
+    if (final / MARKER).is_file():
+        return str(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        info = _train(resolved, tmp)
+        (tmp / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
+        if final.exists():  # an incomplete leftover, or another process won the race
+            if (final / MARKER).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return str(final)
+            shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process renamed its copy in between: use that one
+            if not (final / MARKER).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(final)
+
+
+def _examples(task: ArithTask, tokenizer: Any) -> list[tuple[list[int], int]]:
+    """(token ids, number of masked prompt tokens) per training problem."""
+    out = []
+    for p in task.load("train"):
+        prompt = tokenizer(p.prompt)["input_ids"]
+        target = tokenizer(p.metadata["solution"], add_special_tokens=False)["input_ids"]
+        out.append((prompt + target + [tokenizer.eos_token_id], len(prompt)))
+    return out
+
+
+def _batch(
+    rows: list[tuple[list[int], int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on prompt and pad)."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for r, (seq, n_prompt) in enumerate(rows):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        mask[r, : len(seq)] = 1
+        labels[r, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
+    return ids, mask, labels
+
+
+def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Build tokenizer and model, warm-start them, save both into ``out_dir``."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    task = ArithTask(ArithTask.Config(**args["task"]))
+    tokenizer = build_char_tokenizer(task.config.delimiter)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args["hidden_size"],
+        intermediate_size=args["intermediate_size"],
+        num_hidden_layers=args["layers"],
+        num_attention_heads=args["heads"],
+        num_key_value_heads=args["heads"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(int(args["threads"]))
+    try:
+        torch.manual_seed(args["seed"])
+        model = LlamaForCausalLM(config)
+        loss = _warm_start(model, _examples(task, tokenizer), tokenizer.pad_token_id, args)
+    finally:
+        torch.set_num_threads(old_threads)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"recipe": "arith_tiny", "version": RECIPE_VERSION, "args": args,
+            "parameters": n_params, **loss}
+
+
+def _warm_start(
+    model: torch.nn.Module, data: list[tuple[list[int], int]], pad_id: int, args: dict[str, Any]
+) -> dict[str, float]:
+    """Supervised warm start: AdamW, linear warmup then cosine decay, epoch-wise shuffling."""
+    steps, bs = int(args["steps"]), int(args["batch_size"])
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args["lr"], weight_decay=args["weight_decay"], betas=(0.9, 0.98)
+    )
+    warm = max(1, int(args["warmup_steps"]))
+
+    def schedule(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    gen = torch.Generator().manual_seed(int(args["seed"]))
+    order: list[int] = []
+    model.train()
+    start, first, ema = time.time(), float("nan"), float("nan")
+    bar = _progress(steps)
+    for step in range(steps):
+        if len(order) < bs:
+            order += torch.randperm(len(data), generator=gen).tolist()
+        idx, order = order[:bs], order[bs:]
+        ids, mask, labels = _batch([data[i] for i in idx], pad_id)
+        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        value = float(out.loss.detach())
+        first = value if step == 0 else first
+        ema = value if step == 0 else 0.95 * ema + 0.05 * value
+        bar(step, ema)
+    model.eval()
+    seconds = time.time() - start
+    print(f"[arith_tiny] warm start: {steps} steps in {seconds:.1f}s, loss {first:.3f} -> {ema:.3f}")
+    return {"first_loss": first, "final_loss": ema, "seconds": seconds}
+
+
+def _progress(total: int) -> Any:
+    """A callable ``(step, loss)`` that updates a progress bar (tqdm) or prints now and then."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm ships with transformers
+        tqdm = None
+    if tqdm is not None:
+        bar = tqdm(total=total, desc="arith_tiny warm start", leave=False, mininterval=1.0)
+
+        def update(step: int, loss: float) -> None:
+            bar.update(1)
+            if step % 20 == 0 or step == total - 1:
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if step == total - 1:
+                bar.close()
+
+        return update
+
+    def fallback(step: int, loss: float) -> None:
+        if step % max(1, total // 10) == 0 or step == total - 1:
+            print(f"[arith_tiny] step {step + 1}/{total} loss {loss:.3f}")
+
+    return fallback

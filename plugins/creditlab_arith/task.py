@@ -1,0 +1,257 @@
+"""The embedded default task: multi-step arithmetic with a step oracle.
+
+Format (one operation per thought, the final answer folded into the last operation's thought)::
+
+    prompt:   "Start 7, +5, *3, -4. "
+    solution: "7+5=12</thought>12*3=36</thought>36-4=\\boxed{32}</thought>"
+    answer:   "32"
+
+Every running value stays in ``[0, max_value]``: an operation is only drawn if its result does,
+so the arithmetic is exact (no modulo). The step oracle checks each thought against the gold
+step for its position and reports the first wrong one (see :func:`first_wrong_thought`).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from creditlab.interfaces import Task
+from creditlab.types import Problem
+
+#: The supported operators (applied left to right, one per step).
+OPS = "+-*"
+
+BOXED = "\\boxed{"
+# One step: "<lhs><op><operand>=<result>" where the result may be wrapped in \boxed{...}.
+_STEP_RE = re.compile(r"^(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$")
+_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def apply_op(value: int, op: str, operand: int) -> int:
+    """``value <op> operand`` for ``op`` in ``+-*``."""
+    if op == "+":
+        return value + operand
+    if op == "-":
+        return value - operand
+    if op == "*":
+        return value * operand
+    raise ValueError(f"unknown operator {op!r}; expected one of '+-*'")
+
+
+def split_thoughts(text: str, delimiter: str = "</thought>") -> list[str]:
+    """Split a response into thoughts (delimiters removed).
+
+    Every piece ending with ``delimiter`` is a thought; a non-blank tail without the delimiter
+    (e.g. a thought cut by the token budget or an EOS) counts as a thought too.
+
+    Args:
+        text: The decoded response.
+        delimiter: The thought delimiter.
+
+    Returns:
+        The thoughts in order, without their delimiters.
+    """
+    pieces = text.split(delimiter)
+    tail = pieces.pop()
+    if tail.strip():
+        pieces.append(tail)
+    return pieces
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` in ``text`` (stripped), or ``None``."""
+    found = _BOXED_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def parse_int(text: str | None) -> int | None:
+    """``text`` as an integer (surrounding spaces allowed), or ``None``."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not re.fullmatch(r"[+-]?\d{1,12}", text):
+        return None
+    return int(text)
+
+
+def _clean(thought: str, delimiter: str) -> str:
+    thought = thought.strip()
+    if delimiter and thought.endswith(delimiter):
+        thought = thought[: -len(delimiter)].strip()
+    return thought
+
+
+def step_is_correct(thought: str, lhs: int, op: str, operand: int, result: int) -> bool:
+    """Whether ``thought`` states ``lhs op operand = result`` (result plain or boxed)."""
+    m = _STEP_RE.match(thought)
+    if m is None:
+        return False
+    got = m.group(4) if m.group(4) is not None else m.group(5)
+    return (int(m.group(1)), m.group(2), int(m.group(3)), int(got)) == (lhs, op, operand, result)
+
+
+def first_wrong_thought(
+    thoughts: Sequence[str],
+    *,
+    start: int,
+    steps: Sequence[tuple[str, int, int]],
+    delimiter: str = "</thought>",
+) -> int | None:
+    """The step oracle: 0-based index of the first wrong thought, or ``None`` if all are right.
+
+    Thought ``i < n`` (``n`` operations) must state the gold operation of step ``i`` applied to
+    the gold running value with the gold result (``"12*3=36"``; the result may be boxed).
+    A missing or malformed thought is wrong. After the ``n`` operation thoughts, the final
+    answer is the last ``\\boxed{}`` of the whole chain (what the verifier reads). If it is the
+    gold answer, the chain is correct (``None``); if a thought after the operations boxes a wrong
+    value, the first such thought is wrong; otherwise the answer is missing and position ``n``
+    (the first position after the operations) is wrong. Thoughts may carry their trailing
+    delimiter or not.
+
+    Args:
+        thoughts: The trajectory's thoughts in order.
+        start: The starting value.
+        steps: Gold ``(op, operand, result)`` per step.
+        delimiter: Removed from the end of a thought before checking.
+
+    Returns:
+        The index of the first wrong thought, or ``None``.
+    """
+    clean = [_clean(t, delimiter) for t in thoughts]
+    value = start
+    for i, (op, operand, result) in enumerate(steps):
+        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result):
+            return i
+        value = result
+    boxed = [(i, parse_int(last_boxed(t))) for i, t in enumerate(clean) if last_boxed(t) is not None]
+    if boxed and boxed[-1][1] == value:
+        return None
+    # The verifier would read a wrong or no answer: blame the first thought after the operations
+    # that boxes a wrong value, else position n (the answer is missing there).
+    for i, got in boxed:
+        if i >= len(steps) and got != value:
+            return i
+    return len(steps)
+
+
+class ArithTask(Task):
+    """Generated multi-step arithmetic problems with a step oracle (the default task)."""
+
+    @dataclass
+    class Config:
+        """Options of :class:`ArithTask`.
+
+        Attributes:
+            num_train: Number of training problems.
+            num_test: Number of test problems (disjoint from train by prompt).
+            min_steps: Fewest operations per problem.
+            max_steps: Most operations per problem.
+            max_operand: Operands and the start value are drawn from ``[1, max_operand]``.
+            max_value: Every running value stays in ``[0, max_value]``.
+            ops: Allowed operators, a subset of ``"+-*"``.
+            seed: Generation seed; ``load`` is a pure function of the config.
+            delimiter: Ends every thought.
+        """
+
+        num_train: int = 2000
+        num_test: int = 200
+        min_steps: int = 2
+        max_steps: int = 4
+        max_operand: int = 9
+        max_value: int = 99
+        ops: str = "+-*"
+        seed: int = 0
+        delimiter: str = "</thought>"
+
+    def __init__(self, config: Any | None = None) -> None:
+        super().__init__(config)
+        c = self.config
+        if not c.ops or set(c.ops) - set(OPS):
+            raise ValueError(f"task.ops must be a non-empty subset of '+-*', got {c.ops!r}")
+        if not 1 <= c.min_steps <= c.max_steps:
+            raise ValueError("task needs 1 <= min_steps <= max_steps")
+        if c.max_operand < 1 or c.max_value < c.max_operand:
+            raise ValueError("task needs 1 <= max_operand <= max_value")
+        if not c.delimiter:
+            raise ValueError("task.delimiter must be non-empty")
+        self._cache: dict[str, list[Problem]] = {}
+
+    # -- generation ----------------------------------------------------------------------------
+    def _draw(self, rng: random.Random) -> tuple[int, list[tuple[str, int, int]]]:
+        c = self.config
+        value = rng.randint(1, c.max_operand)
+        start, steps = value, []
+        for _ in range(rng.randint(c.min_steps, c.max_steps)):
+            options = [
+                (op, b)
+                for op in c.ops
+                for b in range(1, c.max_operand + 1)
+                if 0 <= apply_op(value, op, b) <= c.max_value
+            ]
+            op, b = rng.choice(options)  # never empty: subtracting/adding 1 or times 1 fits
+            value = apply_op(value, op, b)
+            steps.append((op, b, value))
+        return start, steps
+
+    def make_problem(self, pid: str, start: int, steps: Sequence[tuple[str, int, int]]) -> Problem:
+        """Build the :class:`Problem` for a start value and gold steps."""
+        delim = self.config.delimiter
+        prompt = f"Start {start}, " + ", ".join(f"{op}{b}" for op, b, _ in steps) + ". "
+        thoughts, value = [], start
+        for i, (op, b, result) in enumerate(steps):
+            shown = f"{BOXED}{result}}}" if i == len(steps) - 1 else str(result)
+            thoughts.append(f"{value}{op}{b}={shown}")
+            value = result
+        solution = "".join(t + delim for t in thoughts)
+        steps_t = tuple((op, int(b), int(r)) for op, b, r in steps)
+        return Problem(
+            id=pid,
+            prompt=prompt,
+            answer=str(value),
+            metadata={
+                "start": start,
+                "steps": [list(s) for s in steps_t],
+                "values": [start] + [r for _, _, r in steps_t],
+                "thoughts": thoughts,
+                "solution": solution,
+            },
+            oracle=functools.partial(
+                first_wrong_thought, start=start, steps=steps_t, delimiter=delim
+            ),
+        )
+
+    def _generate(self) -> dict[str, list[Problem]]:
+        c = self.config
+        rng = random.Random(f"creditlab-arith-{c.seed}")
+        seen: set[str] = set()
+        out: dict[str, list[Problem]] = {"test": [], "train": []}
+        budget = 50 * (c.num_train + c.num_test) + 1000
+        # Test first, so the test split does not depend on num_train.
+        for split, n in (("test", c.num_test), ("train", c.num_train)):
+            while len(out[split]) < n:
+                budget -= 1
+                if budget < 0:
+                    raise ValueError(
+                        f"cannot draw {c.num_train}+{c.num_test} distinct problems with this "
+                        f"config; lower num_train/num_test or widen max_steps/max_operand"
+                    )
+                start, steps = self._draw(rng)
+                problem = self.make_problem(f"arith-{split}-{len(out[split]):05d}", start, steps)
+                if problem.prompt in seen:
+                    continue
+                seen.add(problem.prompt)
+                out[split].append(problem)
+        return out
+
+    def load(self, split: str) -> list[Problem]:
+        """Problems of ``split`` (``"train"`` or ``"test"``), deterministic in the config."""
+        if split not in ("train", "test"):
+            raise ValueError(f"unknown split {split!r}; ArithTask has 'train' and 'test'")
+        if not self._cache:
+            self._cache = self._generate()
+        return list(self._cache[split])

@@ -1,0 +1,237 @@
+"""Unit tests for the embedded ``arith`` task, its verifier and the ``arith_tiny`` model recipe."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from creditlab.types import Completion, Problem  # noqa: E402
+from creditlab_arith.task import ArithTask, first_wrong_thought, split_thoughts  # noqa: E402
+from creditlab_arith.tokenizer import BOXED, build_char_tokenizer  # noqa: E402
+from creditlab_arith.verifier import ArithVerifier  # noqa: E402
+
+DELIM = "</thought>"
+
+
+def completion(text: str) -> Completion:
+    return Completion(prompt_ids=(), response_ids=(), logprobs=(), finish_reason="eos", text=text)
+
+
+# -- tokenizer ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Start 7, +5, *3, -4. ",
+        "7+5=12</thought>12*3=36</thought>36-4=\\boxed{32}</thought>",
+        "Step 1: 0123456789\nStep 2:\t</thought></thought>\\boxed{}\\boxed {x}",
+        " leading and trailing spaces  ",
+        "",
+    ],
+)
+def test_tokenizer_round_trip(text: str) -> None:
+    tok = build_char_tokenizer(DELIM)
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    bare = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(bare) == text
+
+
+def test_tokenizer_special_tokens() -> None:
+    tok = build_char_tokenizer(DELIM)
+    assert len({tok.pad_token_id, tok.eos_token_id, tok.bos_token_id}) == 3
+    delim_id = tok.convert_tokens_to_ids(DELIM)
+    boxed_id = tok.convert_tokens_to_ids(BOXED)
+    assert tok("a</thought>", add_special_tokens=False)["input_ids"][-1] == delim_id
+    assert tok(BOXED, add_special_tokens=False)["input_ids"] == [boxed_id]
+    digits = tok("0123456789", add_special_tokens=False)["input_ids"]
+    assert len(digits) == 10 and len(set(digits)) == 10
+    assert tok.decode([delim_id, boxed_id], skip_special_tokens=True) == DELIM + BOXED
+
+
+# -- task --------------------------------------------------------------------------------------
+def small_task(**kw: object) -> ArithTask:
+    return ArithTask(ArithTask.Config(**{"num_train": 300, "num_test": 50, **kw}))
+
+
+def test_task_deterministic_and_disjoint() -> None:
+    a, b = small_task(), small_task()
+    train, test = a.load("train"), a.load("test")
+    assert len(train) == 300 and len(test) == 50
+    assert [p.prompt for p in train] == [p.prompt for p in b.load("train")]
+    assert [p.metadata["solution"] for p in test] == [p.metadata["solution"] for p in b.load("test")]
+    assert not {p.prompt for p in train} & {p.prompt for p in test}
+    assert len({p.id for p in train + test}) == 350
+    other = small_task(seed=1).load("train")
+    assert [p.prompt for p in other] != [p.prompt for p in train]
+    # test split does not depend on num_train
+    assert [p.prompt for p in small_task(num_train=10).load("test")] == [p.prompt for p in test]
+
+
+def test_task_problems_are_consistent() -> None:
+    task = small_task(min_steps=2, max_steps=5, max_value=40)
+    for p in task.load("train") + task.load("test"):
+        steps = p.metadata["steps"]
+        assert 2 <= len(steps) <= 5
+        assert all(0 <= v <= 40 for v in p.metadata["values"])
+        sol = p.metadata["solution"]
+        assert sol.endswith(DELIM) and sol.count(DELIM) == len(steps)
+        assert f"\\boxed{{{p.answer}}}" in split_thoughts(sol, DELIM)[-1]
+        assert p.oracle(split_thoughts(sol, DELIM)) is None
+        assert int(p.answer) == p.metadata["values"][-1]
+    pickle.loads(pickle.dumps(task.load("test")[0]))  # oracle is picklable
+
+
+def test_task_rejects_bad_config() -> None:
+    with pytest.raises(ValueError, match="ops"):
+        ArithTask(ArithTask.Config(ops="+/"))
+    with pytest.raises(ValueError, match="split"):
+        small_task().load("validation")
+
+
+def test_split_thoughts() -> None:
+    assert split_thoughts("a</thought>b</thought>", DELIM) == ["a", "b"]
+    assert split_thoughts("a</thought>b", DELIM) == ["a", "b"]  # a capped last thought counts
+    assert split_thoughts("a</thought>  ", DELIM) == ["a"]
+    assert split_thoughts("", DELIM) == []
+
+
+# -- oracle ------------------------------------------------------------------------------------
+# 7 +5 *3 -4: 7+5=12, 12*3=36, 36-4=32
+STEPS = (("+", 5, 12), ("*", 3, 36), ("-", 4, 32))
+
+
+def oracle(text_or_thoughts: str | list[str]) -> int | None:
+    thoughts = (
+        split_thoughts(text_or_thoughts, DELIM)
+        if isinstance(text_or_thoughts, str)
+        else text_or_thoughts
+    )
+    return first_wrong_thought(thoughts, start=7, steps=STEPS, delimiter=DELIM)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7+5=12</thought>12*3=36</thought>36-4=\\boxed{32}</thought>", None),
+        ("7+5=12</thought>12*3=36</thought>36-4=32</thought>\\boxed{32}</thought>", None),
+        (" 7 + 5 = 12 </thought>12*3=36</thought>36-4=\\boxed{ 32 }", None),
+        ("7+5=12</thought>12+3=15</thought>15-4=\\boxed{11}</thought>", 1),  # wrong op at step 2
+        ("7+5=12</thought>12*4=48</thought>48-4=\\boxed{44}</thought>", 1),  # wrong operand
+        ("7+5=13</thought>13*3=39</thought>39-4=\\boxed{35}</thought>", 0),  # arithmetic slip
+        ("7+5=12</thought>12*3=36</thought>36-4=\\boxed{31}</thought>", 2),  # slip in last step
+        ("7+5=12</thought>12*3=36</thought>36-4=\\boxed{32</thought>", 2),  # malformed answer
+        ("7+5=12</thought>hello</thought>36-4=\\boxed{32}</thought>", 1),  # malformed thought
+        ("7+5=12</thought>", 1),  # truncated chain
+        ("", 0),
+        ("7+5=12</thought>12*3=36</thought>36-4=32</thought>", 3),  # missing final answer
+        ("7+5=12</thought>12*3=36</thought>36-4=\\boxed{32}</thought>\\boxed{5}</thought>", 3),
+        ("7+5=12</thought>12*3=36</thought>36-4=\\boxed{32}</thought>ok</thought>", None),
+    ],
+)
+def test_oracle_on_chains(text: str, expected: int | None) -> None:
+    assert oracle(text) == expected
+
+
+def test_oracle_accepts_thoughts_with_delimiters() -> None:
+    thoughts = ["7+5=12</thought>", "12*3=36</thought>", "36-4=\\boxed{32}</thought>"]
+    assert oracle(thoughts) is None
+    assert oracle(["7+5=12</thought>", "12*3=35</thought>"]) == 1
+
+
+def test_problem_oracle_matches_verifier() -> None:
+    """A chain the oracle calls correct always gets reward 1 from the verifier."""
+    verifier = ArithVerifier()
+    for p in small_task().load("test")[:20]:
+        good = p.metadata["solution"]
+        bad = good.replace(f"{{{p.answer}}}", f"{{{int(p.answer) + 1}}}")
+        for text, ok in ((good, True), (bad, False)):
+            assert (p.oracle(split_thoughts(text, DELIM)) is None) is ok
+            assert verifier.score([p], [completion(text)]).values == (float(ok),)
+
+
+# -- verifier ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "reward", "parsed", "outcome"),
+    [
+        ("7+5=\\boxed{12}</thought>", 1.0, "12", "correct"),
+        ("\\boxed{ +12 }", 1.0, "+12", "correct"),
+        ("\\boxed{13}", 0.0, "13", "wrong"),
+        ("the answer is 12", 0.0, None, "no_answer"),
+        ("\\boxed{13} then \\boxed{12}", 1.0, "12", "correct"),  # last boxed wins
+        ("\\boxed{12} then \\boxed{13}", 0.0, "13", "wrong"),
+        ("\\boxed{12.5}", 0.0, "12.5", "wrong"),
+        ("\\boxed{12", 0.0, None, "no_answer"),
+        ("}{\\boxed{{\x00\ufffd</thought>" * 3, 0.0, None, "no_answer"),  # garbage
+        ("\\boxed{}", 0.0, "", "wrong"),
+    ],
+)
+def test_verifier_table(text: str, reward: float, parsed: str | None, outcome: str) -> None:
+    problem = Problem(id="p", prompt="Start 7, +5. ", answer="12")
+    rewards = ArithVerifier().score([problem], [completion(text)])
+    assert rewards.values == (reward,)
+    assert rewards.info[0] == {"parsed": parsed, "outcome": outcome}
+
+
+def test_verifier_metrics_reset() -> None:
+    problem = Problem(id="p", prompt="", answer="3")
+    verifier = ArithVerifier()
+    verifier.score([problem] * 4, [completion(t) for t in ("\\boxed{3}", "\\boxed{4}", "x", "x")])
+    assert verifier.metrics() == {
+        "scored": 4.0,
+        "correct_rate": 0.25,
+        "wrong_rate": 0.25,
+        "no_answer_rate": 0.5,
+    }
+    assert verifier.metrics() == {"scored": 0.0}
+    with pytest.raises(ValueError):
+        verifier.score([problem], [])
+
+
+# -- model recipe ------------------------------------------------------------------------------
+def test_recipe_builds_loadable_checkpoint_and_caches(tmp_path, monkeypatch, capsys) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import creditlab_arith.model as recipe
+
+    monkeypatch.setenv("CREDITLAB_CACHE", str(tmp_path))
+    args = {"steps": 3, "batch_size": 4, "layers": 1, "hidden_size": 32, "heads": 2,
+            "intermediate_size": 64, "task": {"num_train": 16, "num_test": 4}}
+    path = recipe.build_tiny_model(args)
+    assert path.startswith(str(tmp_path / "models" / "arith_tiny-"))
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    text = "7+5=12</thought>12*3=\\boxed{36}</thought>"
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
+    assert tok.pad_token_id != tok.eos_token_id
+    assert model.config.eos_token_id == tok.eos_token_id
+    ids = torch.tensor([tok("Start 7, +5. ")["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                         do_sample=False)
+    assert out.shape == (1, ids.shape[1] + 3) or out[0, -1] == tok.eos_token_id
+
+    def no_training(*a: object, **k: object) -> None:
+        raise AssertionError("cache miss: the recipe trained again")
+
+    monkeypatch.setattr(recipe, "_train", no_training)
+    assert recipe.build_tiny_model(dict(args)) == path
+    with pytest.raises(ValueError, match="unknown"):
+        recipe.build_tiny_model({"stepz": 3})
+    with pytest.raises(ValueError, match="task option"):
+        recipe.build_tiny_model({"task": {"num_trian": 3}})
+
+
+def test_recipe_entry_point() -> None:
+    from creditlab.registry import registry
+
+    import creditlab_arith.model as recipe
+
+    assert registry("model_recipe").get("arith_tiny") is recipe.build_tiny_model
+    assert recipe.checkpoint_dir({}) == recipe.checkpoint_dir({"seed": 0, "task": {"seed": 0}})
+    assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"seed": 1})
