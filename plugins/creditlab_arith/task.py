@@ -163,7 +163,7 @@ class ArithTask(Task):
         min_steps: int = 2
         max_steps: int = 4
         max_operand: int = 9
-        max_value: int = 99
+        max_value: int = 50
         ops: str = "+-*"
         seed: int = 0
         delimiter: str = "</thought>"
