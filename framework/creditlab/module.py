@@ -21,7 +21,7 @@ import torch
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.interfaces import AdvantageEstimator, GenerationBackend, Segmenter, Verifier
 from creditlab.losses import LossConfig, MiniBatchStats, entropy_from_logits, gather_logprobs, policy_loss
-from creditlab.policy import ModelPolicyHandle, forward_logits
+from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutConfig, RolloutPlanner, collate, with_segments
 from creditlab.types import Problem, RolloutBatch
 
@@ -215,11 +215,16 @@ class CreditAssignmentModule(L.LightningModule):
         return t if t > 0 else 1.0
 
     def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
-        """(b, T, V) logits predicting each response token of ``rows``."""
+        """(b, T, V) logits predicting each response token of ``rows``.
+
+        Each distinct prompt among ``rows`` is run once and its KV cache shared by the rows (see
+        :func:`creditlab.forward.response_logits`); equal to the plain forward's logits.
+        """
+        from creditlab.forward import response_logits
+
         model = model if model is not None else self.policy
         ids, mask = rollout.input_ids[rows], rollout.attention_mask[rows]
-        p = rollout.prompt_len
-        return forward_logits(model, ids, mask)[:, p - 1 : -1].float()
+        return response_logits(model, ids, mask, rollout.prompt_len)
 
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:

@@ -331,3 +331,119 @@ def test_prompt_longer_than_context_is_a_clear_error():
     req = GenerationRequest(tuple([5] * context))
     with pytest.raises(ValueError, match="exceeds the model's context of"):
         backend.generate([req], SamplingParams(max_new_tokens=4, seed=0))
+
+
+def _grouped_reqs(tok, group=4):
+    """Repeated contexts: prompts x group, the same prompt with two prefixes, one lone row."""
+    base = _reqs(tok, PROMPTS[:3])
+    reqs = [r for r in base for _ in range(group)]
+    reqs += [GenerationRequest(base[0].prompt_ids, (20, 21))] * 2  # same prompt, a prefix
+    reqs += [GenerationRequest(base[0].prompt_ids, (20,)), GenerationRequest((), (7, 8, 9))]
+    order = torch.randperm(len(reqs), generator=torch.Generator().manual_seed(0)).tolist()
+    return [reqs[i] for i in order]
+
+
+def _prefill_rows(model):
+    """A list that records the batch size of every forward with more than one column."""
+    rows = []
+
+    def hook(module, args, kwargs, out):
+        if kwargs["input_ids"].shape[1] > 1:
+            rows.append(kwargs["input_ids"].shape[0])
+
+    return rows, model.register_forward_hook(hook, with_kwargs=True)
+
+
+def _assert_same_samples(a, b):
+    assert [c.response_ids for c in a] == [c.response_ids for c in b]
+    assert [c.finish_reason for c in a] == [c.finish_reason for c in b]
+    for x, y in zip(a, b):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(), dict(preallocate_kv=False), dict(max_batch_size=5), dict(compact_fraction=0.0)],
+)
+def test_shared_prefill_samples_like_per_row_prefill(mt, cfg):
+    """Each distinct context prefilled once: the same tokens (same RNG draws) as without sharing."""
+    model, tok = mt
+    biased = with_token_bias(model, {tok.eos_token_id: 1.0})  # rows end at different steps
+    reqs = _grouped_reqs(tok)
+    on = HFBackend(HFBackend.Config(**cfg), model=biased, tokenizer=tok)
+    off = HFBackend(HFBackend.Config(share_prefill=False, **cfg), model=biased, tokenizer=tok)
+    rows, hook = _prefill_rows(biased)
+    results = []
+    try:
+        for sp in (
+            SamplingParams(temperature=1.0, max_new_tokens=12, seed=5),
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_new_tokens=12, seed=6),
+            SamplingParams(temperature=0.0, max_new_tokens=12),
+        ):
+            rows.clear()
+            a = on.generate(reqs, sp)
+            shared_rows = list(rows)
+            rows.clear()
+            b = off.generate(reqs, sp)
+            _assert_same_samples(a, b)
+            assert sum(shared_rows) < sum(rows) == len(reqs)
+            results.append(a)
+    finally:
+        hook.remove()
+    if not cfg:
+        assert shared_rows == [6]  # 3 prompts + 1 prompt with each of 2 prefixes + 1 prefix only
+    assert len({c.response_ids for c in results[0]}) > 6  # rows sharing a context still differ
+
+
+def test_shared_prefill_with_sliding_window_cache():
+    """A sliding-window model (``DynamicSlidingWindowLayer`` cache, rows gathered) samples alike."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tests.helpers import char_tokenizer
+
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=6, pad_token_id=0,
+        eos_token_id=tok.eos_token_id,
+    )
+    model = MistralForCausalLM(cfg).eval()
+    reqs = _grouped_reqs(tok, group=2)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, seed=1)
+    rows, hook = _prefill_rows(model)
+    try:
+        a = HFBackend(model=model, tokenizer=tok).generate(reqs, sp)
+        assert rows == [6]
+    finally:
+        hook.remove()
+    off = HFBackend(HFBackend.Config(share_prefill=False), model=model, tokenizer=tok)
+    _assert_same_samples(a, off.generate(reqs, sp))
+
+
+def test_shared_prefill_off_for_other_cache_layers(mt, monkeypatch):
+    """A cache layer with possibly more per-row state than keys/values: every row is prefilled."""
+    from transformers.cache_utils import DynamicLayer
+
+    class OtherLayer(DynamicLayer):
+        pass
+
+    model, tok = mt
+    be = HFBackend(model=model, tokenizer=tok)
+    make = be._make_cache
+
+    def make_cache(capacity):
+        cache = make(capacity)
+        cache.layers = [OtherLayer() for _ in cache.layers]
+        return cache
+
+    monkeypatch.setattr(be, "_make_cache", make_cache)
+    reqs = _grouped_reqs(tok, group=2)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=2)
+    rows, hook = _prefill_rows(model)
+    try:
+        a = be.generate(reqs, sp)
+        assert rows == [len(reqs)]
+    finally:
+        hook.remove()
+    _assert_same_samples(a, HFBackend(model=model, tokenizer=tok).generate(reqs, sp))

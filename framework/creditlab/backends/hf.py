@@ -15,7 +15,6 @@ result does not depend on the other rows of the batch (up to float rounding).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import secrets
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from creditlab.forward import accepts_logits_to_keep
 from creditlab.registry import InputError
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, SamplingParams
@@ -119,6 +119,17 @@ if DynamicLayer is not None:
                 self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
 
+#: Cache layer types whose rows ``batch_select_indices`` can copy exactly (shared prefill).
+_GATHERABLE_LAYERS: tuple[type, ...] = ()
+if DynamicLayer is not None:
+    import transformers.cache_utils as _cache_utils
+
+    _sliding = getattr(_cache_utils, "DynamicSlidingWindowLayer", None)
+    _GATHERABLE_LAYERS = tuple(
+        t for t in (DynamicLayer, _sliding, PreallocatedLayer) if t is not None
+    )
+
+
 def sample_tokens(
     logits: torch.Tensor, plan: SamplingPlan, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,14 +171,7 @@ def sample_tokens(
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
 
 
-def _accepts_logits_to_keep(model) -> bool:
-    """Whether ``model.forward`` (or, for wrappers like PEFT, the base model's) takes it."""
-    params = inspect.signature(model.forward).parameters
-    if "logits_to_keep" in params:
-        return True
-    base = getattr(model, "get_base_model", None)
-    wraps = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    return bool(wraps and callable(base) and _accepts_logits_to_keep(base()))
+_accepts_logits_to_keep = accepts_logits_to_keep  # the old private name
 
 
 class HFBackend(GenerationBackend):
@@ -194,12 +198,19 @@ class HFBackend(GenerationBackend):
         compact_fraction: Drop finished rows from the batch once this fraction of it finished.
         preallocate_kv: Write the KV cache in place into a preallocated buffer (full-attention
             models only; others fall back to ``DynamicCache``).
+        share_prefill: Prefill each distinct context (``prompt_ids + prefix_ids``) of a forward
+            batch once and copy its KV cache rows and last logits to every row that has it
+            (when every cache layer is a full-attention, sliding-window or preallocated one;
+            otherwise every row is prefilled). Sampling is unchanged: the same RNG draws in the
+            same order, on the same logits per row up to float rounding (the prefill runs with
+            fewer rows).
         """
 
         max_batch_size: int = 256
         use_cache: bool = True
         compact_fraction: float = 0.25
         preallocate_kv: bool = True
+        share_prefill: bool = True
 
     def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer)
@@ -329,6 +340,29 @@ class HFBackend(GenerationBackend):
             cache.layers = [PreallocatedLayer(capacity) for _ in layers]
         return cache
 
+    @staticmethod
+    def _shared_contexts(contexts: list[tuple[int, ...]]) -> tuple[list[int], list[int]] | None:
+        """``(first, inverse)`` when some contexts repeat: ``first`` holds the row of each distinct
+        context (in order of first appearance), ``inverse[i]`` the index in ``first`` of row
+        ``i``'s context; ``None`` when every context is distinct."""
+        index: dict[tuple[int, ...], int] = {}
+        first: list[int] = []
+        inverse = []
+        for i, c in enumerate(contexts):
+            j = index.setdefault(c, len(first))
+            if j == len(first):
+                first.append(i)
+            inverse.append(j)
+        return (first, inverse) if len(first) < len(contexts) else None
+
+    @staticmethod
+    def _gatherable(cache) -> bool:
+        """Whether ``cache.batch_select_indices`` copies whole rows: every layer's per-row state
+        is its keys/values (full-attention, sliding-window or preallocated layers; not quantized,
+        linear-attention or other layers with extra per-row state)."""
+        layers = getattr(cache, "layers", None)
+        return bool(layers) and all(type(layer) in _GATHERABLE_LAYERS for layer in layers)
+
     def _text_stop(
         self, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
     ) -> torch.Tensor:
@@ -401,19 +435,40 @@ class HFBackend(GenerationBackend):
         use_cache = self.config.use_cache
         cache = self._make_cache(width + max_new) if use_cache else None
         stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
+        shared = None
+        if use_cache and self.config.share_prefill and self._gatherable(cache):
+            shared = self._shared_contexts(contexts)
         feed_ids, feed_pos = ids, pos
         for step in range(max_new):
-            out = self.model(
-                input_ids=feed_ids,
-                attention_mask=mask,
-                position_ids=feed_pos,
-                past_key_values=cache,
-                use_cache=use_cache,
-                **self._keep,
-            )
-            if use_cache:
+            if step == 0 and shared is not None:
+                # Prefill each distinct context once, then copy its cache rows and last logits
+                # to the rows that share it: every row sees the logits it would have computed.
+                first = torch.tensor(shared[0], device=device)
+                inverse = torch.tensor(shared[1], device=device)
+                out = self.model(
+                    input_ids=ids[first],
+                    attention_mask=mask[first],
+                    position_ids=pos[first],
+                    past_key_values=cache,
+                    use_cache=True,
+                    **self._keep,
+                )
                 cache = out.past_key_values
-            tok, logp = sample_tokens(out.logits[:, -1, :].float(), plan, gen)
+                cache.batch_select_indices(inverse)
+                logits = out.logits[:, -1, :][inverse]
+            else:
+                out = self.model(
+                    input_ids=feed_ids,
+                    attention_mask=mask,
+                    position_ids=feed_pos,
+                    past_key_values=cache,
+                    use_cache=use_cache,
+                    **self._keep,
+                )
+                if use_cache:
+                    cache = out.past_key_values
+                logits = out.logits[:, -1, :]
+            tok, logp = sample_tokens(logits.float(), plan, gen)
             live = rows[alive]
             out_tokens[live.cpu(), step] = tok[alive].cpu()
             out_logp[live.cpu(), step] = logp[alive].cpu()

@@ -1,0 +1,188 @@
+"""Training-time forward passes that skip repeated work: each distinct prompt is run once.
+
+A GRPO batch holds G completions of each prompt, so a plain forward over ``prompt + response``
+runs every prompt G times. :func:`response_logits` runs each *distinct* prompt once with
+``use_cache=True``, gathers the prompt's KV cache (and its last logits) to the rows by index, then
+runs only the response columns against that cache. The result equals the plain forward's logits
+(up to float rounding) and is differentiable through both passes: the prompt's keys/values are a
+function of the parameters, and indexing them sums each row's gradient back into the shared prompt.
+
+Layout (see :class:`~creditlab.types.RolloutBatch`): ``input_ids`` (b, P+T) is a left-padded
+prompt in columns ``[0, P)`` then a right-padded response in ``[P, P+T)``; the logits at column
+``P + t - 1`` predict response token ``t``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+try:  # transformers >= 4.56: per-layer cache objects
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: no sharing, plain forward only
+    DynamicLayer = None
+
+__all__ = ["accepts_logits_to_keep", "response_logits", "unique_rows"]
+
+_DROPOUT_CONFIG_KEYS = (
+    "attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "activation_dropout",
+)
+
+
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether ``model.forward`` (or, for wrappers like PEFT, the base model's) takes it."""
+    params = inspect.signature(model.forward).parameters
+    if "logits_to_keep" in params:
+        return True
+    base = getattr(model, "get_base_model", None)
+    wraps = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return bool(wraps and callable(base) and accepts_logits_to_keep(base()))
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    # == creditlab.policy.position_ids; not imported, so that policy.py may import this module
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, inverse)`` for the distinct rows of a 2-D tensor.
+
+    ``first`` (U,) is the index of one row of each distinct value (in order of first appearance),
+    ``inverse`` (B,) maps each row to its position in ``first``: ``x[first][inverse] == x``.
+    """
+    if x.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=x.device)
+        return empty, empty
+    _, inverse = torch.unique(x, dim=0, return_inverse=True)
+    # renumber the groups by first appearance so the result does not depend on the value order
+    b = x.shape[0]
+    first_of = torch.full((int(inverse.max()) + 1,), b, dtype=torch.long, device=x.device)
+    first_of.scatter_reduce_(0, inverse, torch.arange(b, device=x.device), reduce="amin")
+    order = torch.argsort(first_of)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=x.device)
+    return first_of[order], rank[inverse]
+
+
+def _unshareable_mode(model: Any) -> bool:
+    """Whether the model's training mode forbids a shared prompt pass: dropout is active (each row
+    would get the same dropout mask on its prompt) or gradient checkpointing is on (it drops
+    ``past_key_values``)."""
+    if not getattr(model, "training", False):
+        return False
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True and module.training:
+            return True
+        if isinstance(module, torch.nn.Dropout) and module.p > 0 and module.training:
+            return True
+    config = getattr(model, "config", None)
+    return any(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        for v in (getattr(config, k, 0) for k in _DROPOUT_CONFIG_KEYS)
+    )
+
+
+def _shared_prompt_cache(model: Any) -> Any | None:
+    """An empty ``DynamicCache`` for ``model`` when prompt sharing is supported, else ``None``.
+
+    Supported: every layer is a plain full-attention ``DynamicLayer`` (a sliding-window, linear
+    attention or quantized layer could not simply be gathered and extended).
+    """
+    if DynamicLayer is None:
+        return None
+    try:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+    except Exception:  # noqa: BLE001 - no config, or a cache this transformers cannot build
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(type(layer) is DynamicLayer for layer in layers):
+        return None
+    return cache
+
+
+def _plain(model: Any, ids: torch.Tensor, mask: torch.Tensor, p: int, keep: bool) -> torch.Tensor:
+    """The full forward over prompt + response, computing only what the response logits need:
+    the last column (it predicts nothing) is not run, and only the logits of columns
+    ``[p-1, p+T-1)`` go through the LM head (when the model takes ``logits_to_keep``)."""
+    t = ids.shape[1] - p
+    if p < 1 or t < 1:  # nothing to save; the plain slice (empty when p == 0)
+        pos = _position_ids(mask)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        return out.logits[:, p - 1 : -1]
+    ids, mask = ids[:, :-1], mask[:, :-1]
+    kwargs = {"logits_to_keep": t} if keep else {}
+    pos = _position_ids(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
+    return out.logits if keep else out.logits[:, p - 1 :]
+
+
+def response_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    share_prompts: bool = True,
+) -> torch.Tensor:
+    """(b, T, V) float logits predicting each response token of a prompt/response batch.
+
+    Equal (up to float rounding) to ``forward_logits(model, input_ids, attention_mask)[:,
+    prompt_len - 1 : -1]``, but only the logits of the predicting positions are computed and,
+    with ``share_prompts``, each distinct prompt (same ids and mask in columns ``[0, P)``) is run
+    once; the last column, whose logits predict nothing, is never run. Falls back to the plain
+    full forward when no prompt repeats, when the prompt or the response is empty, when the model
+    does not take ``logits_to_keep``, when its cache is not a plain full-attention
+    ``DynamicCache``, under gradient checkpointing, or when dropout is active (rows sharing a
+    prompt pass would share its dropout mask).
+
+    Args:
+        model: A ``transformers`` causal LM.
+        input_ids: (b, P+T) long, left-padded prompt then right-padded response.
+        attention_mask: (b, P+T), 1 on real tokens.
+        prompt_len: P.
+        share_prompts: Run each distinct prompt once (``False``: always the plain forward).
+    """
+    p = int(prompt_len)
+    t = input_ids.shape[1] - p
+    keep = accepts_logits_to_keep(model)
+    if not share_prompts or p < 1 or t < 1 or input_ids.shape[0] < 2 or not keep:
+        return _plain(model, input_ids, attention_mask, p, keep).float()
+    key = torch.cat([input_ids[:, :p], attention_mask[:, :p].to(input_ids.dtype)], dim=1)
+    first, inverse = unique_rows(key)
+    if len(first) == input_ids.shape[0] or _unshareable_mode(model):
+        return _plain(model, input_ids, attention_mask, p, keep).float()
+    cache = _shared_prompt_cache(model)
+    if cache is None:
+        return _plain(model, input_ids, attention_mask, p, keep).float()
+
+    # 1. Each distinct prompt once; only the last position's logits (they predict token 0).
+    prompt_mask = attention_mask[first, :p]
+    out = model(
+        input_ids=input_ids[first, :p],
+        attention_mask=prompt_mask,
+        position_ids=_position_ids(prompt_mask),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    head = out.logits[:, -1:][inverse]  # (b, 1, V)
+    if t == 1:
+        return head.float()
+    # 2. Gather the prompt KV to the rows (differentiable; gradients sum into the shared prompt).
+    cache = out.past_key_values
+    cache.batch_select_indices(inverse.to(input_ids.device))
+    # 3. The response columns but the last (its logits predict nothing) against the cache, with
+    #    the full mask and positions counted over the whole row.
+    mask = attention_mask[:, :-1]
+    out = model(
+        input_ids=input_ids[:, p:-1],
+        attention_mask=mask,
+        position_ids=_position_ids(mask)[:, p:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([head, out.logits], dim=1).float()
