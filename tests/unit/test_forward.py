@@ -19,12 +19,7 @@ from creditlab.types import Completion, Problem, Trajectory
 from tests.helpers import tiny_model_and_tokenizer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,7 @@ TOK = char_tokenizer()
 D = TOK.convert_tokens_to_ids(THOUGHT)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models decode ~10x faster on one thread when the machine is busy (OMP barriers)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def enc(text: str) -> tuple[int, ...]:
