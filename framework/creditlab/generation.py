@@ -67,6 +67,45 @@ def thought_spans(response_ids: Sequence[int], delimiter_ids: Sequence[int]) -> 
     return tuple(spans)
 
 
+def merge_eos_tail(spans: Spans, ids: Sequence[int], eos_id: int | None) -> Spans:
+    """``spans`` with a final span holding only ``eos_id`` merged into the one before it.
+
+    An EOS right after the last delimiter is not a thought of its own (a reset there, or a value
+    estimate before it, would be meaningless).
+    """
+    if eos_id is None or len(spans) < 2:
+        return spans
+    a, b = spans[-1]
+    if b - a == 1 and ids[a] == eos_id:
+        return (*spans[:-2], (spans[-2][0], b))
+    return spans
+
+
+def completion_spans(
+    completion: Completion, delimiter_ids: Sequence[int], eos_id: int | None = None
+) -> Spans:
+    """The thought spans of a completion: from its ``segment_ids`` when thought-by-thought
+    generation recorded them (a capped thought without delimiter stays its own thought), else
+    :func:`thought_spans` over its response ids; a trailing lone EOS joins the last thought."""
+    seg, ids = completion.segment_ids, completion.response_ids
+    if not seg:
+        return merge_eos_tail(thought_spans(ids, delimiter_ids), ids, eos_id)
+    spans, start = [], 0
+    for i in range(1, len(seg) + 1):
+        if i == len(seg) or seg[i] != seg[start]:
+            spans.append((start, i))
+            start = i
+    return merge_eos_tail(tuple(spans), ids, eos_id)
+
+
+def span_texts(tokenizer: object, ids: Sequence[int], spans: Spans) -> list[str]:
+    """Decoded text of each span of ``ids`` (special tokens skipped, delimiters kept)."""
+    return [
+        tokenizer.decode(list(ids[a:b]), skip_special_tokens=True)  # type: ignore[attr-defined]
+        for a, b in spans
+    ]
+
+
 def round_seed(seed: int, round_index: int) -> int:
     """The seed of thought round ``round_index`` (a 63-bit hash of ``seed`` and the round)."""
     digest = hashlib.blake2b(f"{seed}/{round_index}".encode(), digest_size=8).digest()

@@ -105,6 +105,17 @@ class PolicyHandle(abc.ABC):
     def encode(self, text: str) -> tuple[int, ...]:
         """Prompt text to token ids, as the backend would encode a problem prompt."""
 
+    def rollouts(
+        self, problems: Sequence[Problem], requests: Sequence[GenerationRequest]
+    ) -> list[Trajectory]:
+        """Continue each request with the run's rollout settings and score it with its verifier.
+
+        ``requests[i]`` belongs to ``problems[i]``; plain or thought-by-thought generation as the
+        run is configured, sampled with the step's generator. For value estimates and repairs
+        (Monte-Carlo values, IBPO); the results are not trained on unless the caller says so.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot sample and score rollouts")
+
 
 class Task(Part):
     """A source of problems."""
@@ -174,7 +185,19 @@ class ResetSelector(Part):
 
     @abc.abstractmethod
     def select(self, trajectory: Trajectory, spans: Spans, ctx: PolicyHandle) -> ResetPoint:
-        """A segment index of ``trajectory`` to regenerate from, or ``ResetPoint(None)``."""
+        """A segment index of ``trajectory`` to regenerate from, or ``ResetPoint(None)``.
+
+        Args:
+            trajectory: A failed chain (the seed); never trained on.
+            spans: Its thought spans ``((start, end), ...)`` over ``completion.response_ids``.
+            ctx: The current policy.
+        """
+
+    def select_many(
+        self, trajectories: Sequence[Trajectory], spans: Sequence[Spans], ctx: PolicyHandle
+    ) -> list[ResetPoint]:
+        """:meth:`select` for several seeds at once; override to batch model calls."""
+        return [self.select(t, s, ctx) for t, s in zip(trajectories, spans)]
 
 
 class AdvantageEstimator(Part):

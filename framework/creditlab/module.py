@@ -111,6 +111,7 @@ class CreditAssignmentModule(L.LightningModule):
         return ModelPolicyHandle(
             self.policy, self.tokenizer, self.parts.backend, rng,
             self.rollout_cfg.temperature, self.loss_cfg.micro_batch_size,
+            rollout_fn=self.parts.planner.sample_and_score,
         )
 
     def on_train_start(self) -> None:
@@ -152,7 +153,8 @@ class CreditAssignmentModule(L.LightningModule):
 
         # 4. Sync generation weights, then log.
         self.parts.backend.load_weights(None)
-        metrics = self.step_metrics(rollout, trajectories)
+        generated = self.parts.planner.take_generated_tokens() + ctx.generated_tokens
+        metrics = self.step_metrics(rollout, generated)
         metrics.update(update_metrics)
         metrics.update({f"train/advantage/{k}": v for k, v in advantages.metrics.items()})
         for kind, part in (
@@ -250,10 +252,11 @@ class CreditAssignmentModule(L.LightningModule):
     def _add(sums: dict[str, float], key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
 
-    def step_metrics(self, rollout: RolloutBatch, trajectories: Sequence[Any]) -> dict[str, float]:
+    def step_metrics(self, rollout: RolloutBatch, generated: int) -> dict[str, float]:
+        """Reward and length statistics; updates the token counters (``generated`` = every token
+        sampled this step, trained or not)."""
         rewards = rollout.rewards
         lengths = rollout.response_mask.sum(1)
-        generated = sum(len(t.completion.logprobs) for t in trajectories)
         self.counters["tokens/trained"] += float(rollout.loss_mask.sum())
         self.counters["tokens/generated"] += float(generated)
         return {
@@ -262,4 +265,5 @@ class CreditAssignmentModule(L.LightningModule):
             "train/response_length/mean": float(lengths.mean()),
             "train/response_length/max": float(lengths.max()),
             "train/rows": float(rollout.size),
+            "train/tokens_generated": float(generated),
         }

@@ -12,7 +12,7 @@ import torch
 from creditlab.interfaces import GenerationBackend, PolicyHandle
 from creditlab.losses import gather_logprobs
 from creditlab.registry import ConfigError, registry
-from creditlab.types import Completion, GenerationRequest, SamplingParams
+from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -109,6 +109,12 @@ class ModelPolicyHandle(PolicyHandle):
         backend: The generation backend.
         rng: The step's generator.
         temperature: Sampling temperature of training rollouts (log-probs use it).
+        micro_batch_size: Rows per forward pass in :meth:`logprobs` (0 = all at once).
+        rollout_fn: ``(problems, requests, seed) -> list[Trajectory]``, the planner's sample-and-
+            score, behind :meth:`rollouts`.
+
+    ``generated_tokens`` counts the tokens of :meth:`generate` calls (e.g. SRPO's localizations;
+    :meth:`rollouts` are counted by the planner) so runs compare on all generated tokens.
     """
 
     def __init__(
@@ -119,8 +125,11 @@ class ModelPolicyHandle(PolicyHandle):
         rng: torch.Generator,
         temperature: float = 1.0,
         micro_batch_size: int = 0,
+        rollout_fn: Any = None,
     ) -> None:
         self.model = model
+        self.rollout_fn = rollout_fn
+        self.generated_tokens = 0
         self._tokenizer = tokenizer
         self.backend = backend
         self._rng = rng
@@ -166,4 +175,14 @@ class ModelPolicyHandle(PolicyHandle):
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingParams
     ) -> list[Completion]:
-        return self.backend.generate(requests, sampling)
+        out = self.backend.generate(requests, sampling)
+        self.generated_tokens += sum(len(c.logprobs) for c in out)
+        return out
+
+    def rollouts(
+        self, problems: Sequence[Problem], requests: Sequence[GenerationRequest]
+    ) -> list[Trajectory]:
+        if self.rollout_fn is None:
+            return super().rollouts(problems, requests)
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
+        return self.rollout_fn(problems, requests, seed)

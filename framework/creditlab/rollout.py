@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from creditlab.buffer import ResetBuffer, parse_split
 from creditlab.generation import ThoughtConfig, generate_thoughts
 from creditlab.interfaces import GenerationBackend, PolicyHandle, ResetSelector, Verifier
 from creditlab.types import (
@@ -44,6 +45,13 @@ class RolloutConfig:
         truncation: Completions that hit the budget: ``keep`` (train as is), ``mask`` (no loss on
             them) or ``penalize`` (reward replaced by ``truncation_reward``).
         truncation_reward: Reward given to truncated completions under ``penalize``.
+        resets: ``"RxK"`` turns on the reset buffer of RRPO/SRPO (:mod:`creditlab.buffer`): per
+            prompt, R reset groups of K suffixes plus a base group of ``group_size - R*K`` fresh
+            chains; ``""`` = plain groups. Needs a reset selector other than ``none``.
+        max_seed_draws: Fresh chains drawn per prompt while looking for seeds (failed chains).
+        success_reward: A chain with at least this reward is correct (not a seed).
+        mask_prefix: Suffixes train only after their reset prefix; ``false`` is the ``no_mask``
+            ablation (the prefix tokens get the suffix's advantage too).
     """
 
     group_size: int = 8
@@ -58,6 +66,10 @@ class RolloutConfig:
     final_marker: str = "\\boxed{"
     truncation: str = "keep"
     truncation_reward: float = 0.0
+    resets: str = ""
+    max_seed_draws: int = 12
+    success_reward: float = 1.0
+    mask_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -66,6 +78,10 @@ class RolloutConfig:
             raise ValueError(
                 f"rollout.truncation must be one of {TRUNCATION_POLICIES}, got '{self.truncation}'"
             )
+        if self.resets:
+            parse_split(self.resets, self.group_size)
+            if self.max_seed_draws < 1:
+                raise ValueError(f"rollout.max_seed_draws must be >= 1, got {self.max_seed_draws}")
 
     def sampling(self, seed: int | None) -> SamplingParams:
         return SamplingParams(
@@ -113,13 +129,16 @@ def sample(
 
 
 class RolloutPlanner:
-    """Builds the trajectories of one RL step.
+    """Builds the trajectories of one RL step: plain groups, or the reset buffer.
 
     Args:
-        cfg: Sampling and truncation settings.
+        cfg: Sampling, truncation and reset-buffer settings.
         backend: Generation backend.
         verifier: Scores completions.
-        reset_selector: Chooses reset points (``none`` = plain groups).
+        reset_selector: Chooses reset points; must be ``none`` exactly when ``cfg.resets`` is off.
+
+    ``generated_tokens`` counts every token sampled through the planner since the last
+    :meth:`take_generated_tokens` (trained or not: seeds, discarded chains, value rollouts).
     """
 
     def __init__(
@@ -127,21 +146,64 @@ class RolloutPlanner:
         cfg: RolloutConfig,
         backend: GenerationBackend,
         verifier: Verifier,
-        reset_selector: ResetSelector,
+        reset_selector: ResetSelector | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
         self.verifier = verifier
         self.reset_selector = reset_selector
         self._counts: dict[str, float] = {}
+        self.generated_tokens = 0
+        plain = reset_selector is None or isinstance(reset_selector, NoResetSelector)
+        if bool(cfg.resets) == plain:
+            name = type(reset_selector).__name__
+            raise ValueError(
+                f"rollout.resets='{cfg.resets}' needs a reset selector (reset_selector=random, "
+                "self_localize or oracle)"
+                if cfg.resets
+                else f"reset selector {name} does nothing without a reset buffer: set "
+                "rollout.resets (e.g. rollout.resets=1x4) or use reset_selector=none"
+            )
+        self.buffer = None
+        if cfg.resets:
+            delim = backend.tokenizer.encode(cfg.delimiter, add_special_tokens=False)
+            self.buffer = ResetBuffer(
+                cfg.group_size, cfg.resets, cfg.max_seed_draws, cfg.success_reward,
+                cfg.mask_prefix, delim, backend.tokenizer.eos_token_id,
+            )
 
     def collect(self, problems: Sequence[Problem], ctx: PolicyHandle, seed: int) -> list[Trajectory]:
-        """G i.i.d. completions per problem, each problem its own advantage group."""
+        """The step's trajectories: G i.i.d. completions per problem (each problem its own
+        advantage group), or the reset buffer when ``cfg.resets`` is set."""
+        prompts = [ctx.encode(p.prompt) for p in problems]
+        if self.buffer is not None:
+            result = self.buffer.build(
+                problems, prompts, self.sample_and_score, self.reset_selector, ctx, seed
+            )
+            for key, value in result.stats.items():
+                self._count(f"reset/{key}", value)
+            return result.trajectories
         g = self.cfg.group_size
-        requests = [GenerationRequest(ctx.encode(p.prompt)) for p in problems for _ in range(g)]
-        completions = sample(self.backend, requests, self.cfg, self.cfg.sampling(seed))
         owners = [p for p in problems for _ in range(g)]
-        return self.score(owners, completions, group_ids=[i // g for i in range(len(owners))])
+        requests = [GenerationRequest(ids) for ids in prompts for _ in range(g)]
+        trajs = self.sample_and_score(owners, requests, seed)
+        return [replace(t, group_id=i // g) for i, t in enumerate(trajs)]
+
+    def sample_and_score(
+        self, problems: Sequence[Problem], requests: Sequence[GenerationRequest], seed: int
+    ) -> list[Trajectory]:
+        """Sample one completion per request (continuing its prefix) and score it.
+
+        Group ids are left at -1 for the caller to assign; ``trainable_from`` is the prefix end.
+        """
+        completions = sample(self.backend, requests, self.cfg, self.cfg.sampling(seed))
+        self.generated_tokens += sum(len(c.logprobs) for c in completions)
+        return self.score(problems, completions, group_ids=[-1] * len(completions))
+
+    def take_generated_tokens(self) -> int:
+        """Tokens generated through the planner since the last call (then reset)."""
+        n, self.generated_tokens = self.generated_tokens, 0
+        return n
 
     def score(
         self,
@@ -170,11 +232,33 @@ class RolloutPlanner:
         self._counts[key] = self._counts.get(key, 0.0) + float(value)
 
     def metrics(self) -> dict[str, float]:
-        n = max(self._counts.get("completions", 0.0), 1.0)
-        out = {"completions": self._counts.get("completions", 0.0)}
-        out["truncated_rate"] = self._counts.get("truncated", 0.0) / n
+        c = self._counts
+        n = max(c.get("completions", 0.0), 1.0)
+        out = {"completions": c.get("completions", 0.0)}
+        out["truncated_rate"] = c.get("truncated", 0.0) / n
+        if "reset/prompts" in c:
+            out.update(_reset_rates(c))
         self._counts = {}
         return out
+
+
+def _reset_rates(c: dict[str, float]) -> dict[str, float]:
+    """Reset-buffer counts -> the rates of METHODS.md §2."""
+    prompts, seeds = max(c["reset/prompts"], 1.0), max(c["reset/seeds"], 1.0)
+    known = max(c["reset/oracle_known"], 1.0)
+    out = {
+        "reset/fallback_rate": c["reset/fallback"] / prompts,
+        "reset/seeds_per_prompt": c["reset/seeds"] / prompts,
+        "reset/draws_per_prompt": c["reset/draws"] / prompts,
+        "reset/discarded": c["reset/discarded"],
+        "reset/suffix_success": c["reset/suffix_correct"] / max(c["reset/suffixes"], 1.0),
+        "reset/position": c["reset/reset_thought"] / seeds,
+        "reset/position_relative": c["reset/reset_relative"] / seeds,
+    }
+    if c["reset/oracle_known"] > 0:
+        for key in ("oracle_exact", "oracle_early", "oracle_late", "clean_prefix"):
+            out[f"reset/{key}"] = c[f"reset/{key}"] / known
+    return out
 
 
 def collate(

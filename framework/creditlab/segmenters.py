@@ -62,27 +62,25 @@ class ThoughtSegmenterConfig:
 class ThoughtSegmenter(WholeSegmenter):
     """One segment per thought: spans end after each occurrence of the delimiter's token ids.
 
-    Uses the completion's ``segment_ids`` when thought-by-thought generation recorded them.
+    Uses the completion's ``segment_ids`` when thought-by-thought generation recorded them; a
+    trailing lone EOS token joins the last thought (see :func:`creditlab.generation.completion_spans`).
     """
 
     Config = ThoughtSegmenterConfig
 
     def segment(self, batch: RolloutBatch) -> Segments:
-        from creditlab.generation import thought_spans
+        from creditlab.generation import completion_spans
 
-        delimiter_ids: tuple[int, ...] | None = None
+        if self.tokenizer is None:
+            raise ValueError("the 'thought' segmenter needs the policy's tokenizer")
+        delimiter_ids = tuple(self.tokenizer.encode(self.config.delimiter, add_special_tokens=False))
+        eos = self.tokenizer.eos_token_id
         out = []
-        for traj, row, n in zip(batch.trajectories, batch.response_ids.tolist(), _lengths(batch)):
-            seg_ids = traj.completion.segment_ids
-            if seg_ids is not None and len(seg_ids) == n:
-                ends = [t + 1 for t in range(n - 1) if seg_ids[t] != seg_ids[t + 1]]
-                out.append(spans_from_ends(ends, n))
-                continue
-            if delimiter_ids is None:
-                if self.tokenizer is None:
-                    raise ValueError("the 'thought' segmenter needs the policy's tokenizer")
-                delimiter_ids = tuple(
-                    self.tokenizer.encode(self.config.delimiter, add_special_tokens=False)
+        for traj, n in zip(batch.trajectories, _lengths(batch)):
+            c = traj.completion
+            if len(c.response_ids) != n or (c.segment_ids is not None and len(c.segment_ids) != n):
+                raise ValueError(
+                    f"trajectory of {len(c.response_ids)} response tokens sits in a row of {n}"
                 )
-            out.append(thought_spans(row[:n], delimiter_ids))
+            out.append(completion_spans(c, delimiter_ids, eos))
         return Segments(tuple(out))

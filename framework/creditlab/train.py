@@ -88,6 +88,15 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         options = dict(_plain(cfg.get(kind)) or {})
         cls = REGISTRIES[kind].get(options.pop("name", None) or "")
         out[kind] = (cls, build_config(cls.Config, options, kind))
+    selector = cfg.reset_selector.name if "reset_selector" in cfg else "none"
+    if bool(out["rollout"].resets) != (selector != "none"):
+        raise ConfigError(
+            f"rollout.resets='{out['rollout'].resets}' needs a reset selector: add "
+            "reset_selector=random, self_localize or oracle (or use method=rrpo / method=srpo)"
+            if out["rollout"].resets
+            else f"reset_selector={selector} does nothing without a reset buffer: add "
+            "rollout.resets=1x4 (or 2x4, 1x8), or use method=rrpo / method=srpo"
+        )
     return out
 
 

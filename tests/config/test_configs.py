@@ -22,7 +22,10 @@ def test_default_composes_and_validates():
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_builds(group, option):
-    cfg = compose([f"{group}={option}"])
+    overrides = [f"{group}={option}"]
+    if group == "reset_selector" and option != "none":
+        overrides.append("rollout.resets=1x4")  # a reset selector needs the reset buffer
+    cfg = compose(overrides)
     checked = validate(cfg)
     if group in PART_KINDS:
         assert cfg[group]["name"] == option, "entry-point name = YAML stem = name field"

@@ -3,7 +3,14 @@
 import pytest
 
 from creditlab.registry import REGISTRIES
-from creditlab.testing import check_backend, check_common, check_part, check_verifier, make_batch
+from creditlab.testing import (
+    FakePolicyHandle,
+    check_backend,
+    check_common,
+    check_part,
+    check_verifier,
+    make_batch,
+)
 from creditlab.types import Completion, Problem
 
 KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "advantage")
@@ -25,6 +32,23 @@ def _verifier_inputs(name):
         texts = ["so #### 18 and \\boxed{18}", "\\boxed{17}", "no answer here"]
     completions = [Completion((1,), (2, 3), (-0.1, -0.2), "eos", t) for t in texts]
     return problems, completions
+
+
+def _reset_inputs():
+    """Seeds whose problems have a step oracle, and a policy that decodes and answers
+    localization prompts (so every selector, oracle and self_localize included, can run)."""
+    from tests.helpers import char_tokenizer
+
+    tok = char_tokenizer()
+    task = REGISTRIES["task"].get("arith")
+    problems = task(task.Config(num_train=1, num_test=3)).load("test")
+
+    def answer(requests, sampling):
+        text = "Step 1 looks fine. \\boxed{2}"
+        return [Completion(r.prompt_ids, (5, 6), (-0.1, -0.2), "eos", text) for r in requests]
+
+    batch = make_batch(groups=3, group_size=4, vocab=len(tok), seed=4, problems=problems)
+    return batch, FakePolicyHandle(tokenizer=tok, generate_fn=answer)
 
 
 @pytest.mark.parametrize("kind,name", PARTS, ids=[f"{k}:{n}" for k, n in PARTS])
@@ -57,5 +81,8 @@ def test_contract(kind, name, monkeypatch):
         options = TASK_OPTIONS.get(name, {})
         part = cls(cls.Config(**options))
         check_part(kind, part, splits=("train", "test") if name == "arith" else ("test",))
+    elif kind == "reset_selector":
+        batch, ctx = _reset_inputs()
+        check_part(kind, cls(), batch=batch, ctx=ctx)
     else:
         check_part(kind, cls())

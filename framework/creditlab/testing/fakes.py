@@ -78,6 +78,8 @@ class FakePolicyHandle(PolicyHandle):
         generate_fn: ``(requests, sampling) -> list[Completion]`` for parts that generate.
         tokenizer: Exposed as ``.tokenizer``.
         seed: Seeds ``.rng``.
+        rollout_fn: ``(problems, requests) -> list[Trajectory]`` behind :meth:`rollouts`; by
+            default each request gets one more token and a coin-flip reward drawn from ``.rng``.
     """
 
     def __init__(
@@ -87,7 +89,9 @@ class FakePolicyHandle(PolicyHandle):
         tokenizer: Any = None,
         seed: int = 0,
         vocab: int = 32,
+        rollout_fn: Callable[..., list[Any]] | None = None,
     ) -> None:
+        self.rollout_fn = rollout_fn
         table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(1234))
         self.embedding = torch.nn.Embedding(vocab, 8)
         torch.nn.init.normal_(self.embedding.weight, generator=torch.Generator().manual_seed(99))
@@ -127,3 +131,14 @@ class FakePolicyHandle(PolicyHandle):
         if self.generate_fn is None:
             raise RuntimeError("FakePolicyHandle was built without generate_fn")
         return self.generate_fn(requests, sampling)
+
+    def rollouts(self, problems: Sequence[Any], requests: Sequence[GenerationRequest]) -> list[Any]:
+        if self.rollout_fn is not None:
+            return self.rollout_fn(problems, requests)
+        coins = torch.randint(0, 2, (len(requests),), generator=self._rng).tolist()
+        out = []
+        for p, r, coin in zip(problems, requests, coins):
+            ids = tuple(r.prefix_ids) + (1,)
+            c = Completion(tuple(r.prompt_ids), ids, (0.0,), "eos", "", prefix_len=len(r.prefix_ids))
+            out.append(Trajectory(p, c, float(coin), -1, len(r.prefix_ids)))
+        return out
