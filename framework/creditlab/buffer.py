@@ -8,9 +8,11 @@ For each prompt and a budget of N trainable completions, split as ``R x K`` (``R
    every other chain joins the base group while it has room, otherwise it is discarded (this
    biases the base group slightly toward failures, as the official code does; counted). A chain
    with no thought joins the base group with reward 0 and is never a seed.
-2. No seed within the draws: the first N drawn chains form one plain GRPO group (the fallback;
-   fresh draws top it up if fewer than N were drawn). Otherwise the base group is topped up with
-   fresh chains to ``N - (seeds found) * K``.
+2. Fewer than ``R`` seeds within the draws: the fallback, one plain GRPO group of N — the base
+   chains, then the seeds found (as ordinary failed chains), then fresh chains up to N (as the
+   official code for 1x4; for 2x4 it refills from the correct chains it drew earlier, which we
+   discard, so our fallback group is not biased toward successes). Otherwise the base group is
+   topped up with fresh chains to ``N - R*K``.
 3. The reset selector picks a thought of each seed; ``K`` suffixes continue from the seed's
    response token ids up to the start of that thought (never re-tokenized text). A suffix trains
    from the prefix end (``trainable_from``) unless ``mask_prefix`` is off (the ``no_mask``
@@ -72,6 +74,7 @@ class _PromptState:
     seeds: list[Trajectory] = field(default_factory=list)
     drawn: list[Trajectory] = field(default_factory=list)  # every fresh chain, in draw order
     discarded: int = 0
+    fallback: bool = False
 
 
 @dataclass
@@ -159,12 +162,13 @@ class ResetBuffer:
         # -- step 2: fallback or top-up ------------------------------------------------------------
         top_up: list[tuple[_PromptState, int]] = []
         for st in states:
-            if not st.seeds:  # fallback: the first N fresh chains are one plain group
-                st.base = st.drawn[: self.budget]
+            if len(st.seeds) < self.reset_groups:  # fallback: one plain group of N
+                st.fallback = True
+                st.base, st.seeds = (st.base + st.seeds)[: self.budget], []
                 top_up.append((st, self.budget - len(st.base)))
             else:
-                top_up.append((st, self.budget - len(st.seeds) * self.suffixes - len(st.base)))
-        owners = [st for st, n in top_up for _ in range(max(n, 0))]
+                top_up.append((st, self.base_size - len(st.base)))
+        owners = [st for st, n in top_up for _ in range(n)]
         if owners:
             trajs = sample_fn(
                 [st.problem for st in owners],
@@ -209,7 +213,7 @@ class ResetBuffer:
         it = iter(zip(suffixes, [i for i in range(len(seeds)) for _ in range(self.suffixes)]))
         for st in states:
             if st.base:
-                role = "base" if st.seeds else "fallback"
+                role = "fallback" if st.fallback else "base"
                 out.extend(_with(t, group_id=group, role=role) for t in st.base)
                 group += 1
             for _ in st.seeds:
@@ -234,7 +238,7 @@ class ResetBuffer:
     ) -> dict[str, float]:
         out = {
             "prompts": float(len(states)),
-            "fallback": float(sum(not st.seeds for st in states)),
+            "fallback": float(sum(st.fallback for st in states)),
             "seeds": float(len(seeds)),
             "draws": float(sum(len(st.drawn) for st in states)),
             "discarded": float(sum(st.discarded for st in states)),

@@ -29,6 +29,9 @@ class ModelConfig:
         recipe_args: Keyword arguments for the recipe.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         trust_remote_code: Passed to ``from_pretrained``.
+        localization_template: The self-localization prompt this model follows (SRPO's
+            ``reset_selector.template``): ``paper`` for instruction-following models, ``compact``
+            for the tiny arith model, which is warm-started on it.
     """
 
     name_or_path: str | None = None
@@ -36,6 +39,7 @@ class ModelConfig:
     recipe_args: dict = field(default_factory=dict)
     dtype: str = "float32"
     trust_remote_code: bool = False
+    localization_template: str = "paper"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

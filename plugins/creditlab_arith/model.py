@@ -9,7 +9,12 @@ hash covering the resolved arguments and :data:`RECIPE_VERSION`.
 
 Training texts: ``<s> + prompt`` (masked) followed by ``solution + </s>`` (trained), the same
 token ids as the tokenizer produces for ``tokenizer(prompt)`` and
-``tokenizer(solution, add_special_tokens=False)``.
+``tokenizer(solution, add_special_tokens=False)``. So that SRPO's self-localization is learnable,
+``localization`` x (number of train problems) further examples teach the ``compact``
+localization prompt (:func:`creditlab_resets.localize.compact_prompt`): a train problem's chain
+with one step made wrong (a wrong result, or a wrong operand computed correctly) and every later
+step computed consistently from it, answered `` \\boxed{k}`` with k the corrupted step (checked
+against the task's step oracle).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -28,11 +34,11 @@ from typing import Any
 
 import torch
 
-from creditlab_arith.task import ArithTask
+from creditlab_arith.task import ArithTask, apply_op
 from creditlab_arith.tokenizer import build_char_tokenizer
 
 #: Bump when the recipe changes in a way that changes the produced weights.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 #: Written last inside a finished checkpoint; its presence marks the directory as complete.
 MARKER = "creditlab_recipe.json"
 
@@ -50,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.01,
     "seed": 0,
     "threads": 2,
+    "localization": 0.5,
 }
 
 
@@ -127,13 +134,51 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
     return str(final)
 
 
-def _examples(task: ArithTask, tokenizer: Any) -> list[tuple[list[int], int]]:
-    """(token ids, number of masked prompt tokens) per training problem."""
-    out = []
-    for p in task.load("train"):
-        prompt = tokenizer(p.prompt)["input_ids"]
-        target = tokenizer(p.metadata["solution"], add_special_tokens=False)["input_ids"]
-        out.append((prompt + target + [tokenizer.eos_token_id], len(prompt)))
+def _examples(task: ArithTask, tokenizer: Any, localization: float, seed: int) -> list[tuple[list[int], int]]:
+    """(token ids, number of masked prompt tokens): one solution per training problem, then
+    ``localization`` x as many localization examples."""
+    from creditlab_resets.localize import compact_prompt
+
+    def example(prompt_text: str, target_text: str) -> tuple[list[int], int]:
+        prompt = tokenizer(prompt_text)["input_ids"]
+        target = tokenizer(target_text, add_special_tokens=False)["input_ids"]
+        return prompt + target + [tokenizer.eos_token_id], len(prompt)
+
+    problems = task.load("train")
+    out = [example(p.prompt, p.metadata["solution"]) for p in problems]
+    rng = random.Random(f"arith-localization-{seed}")
+    for i in range(int(round(localization * len(problems)))):
+        p = problems[i % len(problems)]
+        k = rng.randrange(len(p.metadata["steps"]))
+        thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand)
+        assert p.oracle is not None and p.oracle(thoughts) == k, (p.prompt, thoughts, k)
+        out.append(example(compact_prompt(p.prompt, thoughts), f" \\boxed{{{k + 1}}}"))
+    return out
+
+
+def corrupted_thoughts(problem: Any, k: int, rng: random.Random, max_operand: int) -> list[str]:
+    """``problem``'s gold chain with step ``k`` (0-based) made wrong and later steps following it.
+
+    Step k either states a wrong result or uses a wrong operand (computed correctly); each later
+    step applies its gold operation to the (now wrong) running value, the last one boxed.
+    """
+    value, out = problem.metadata["start"], []
+    steps = problem.metadata["steps"]
+    for i, (op, b, _) in enumerate(steps):
+        result = apply_op(value, op, b)
+        if i == k:
+            if rng.random() < 0.5:
+                result += rng.choice([d for d in range(-5, 6) if d])
+            else:
+                choices = [x for x in range(1, max_operand + 1) if apply_op(value, op, x) != result]
+                if choices:
+                    b = rng.choice(choices)
+                    result = apply_op(value, op, b)
+                else:
+                    result += 1
+        shown = f"\\boxed{{{result}}}" if i == len(steps) - 1 else str(result)
+        out.append(f"{value}{op}{b}={shown}")
+        value = result
     return out
 
 
@@ -176,7 +221,8 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     try:
         torch.manual_seed(args["seed"])
         model = LlamaForCausalLM(config)
-        loss = _warm_start(model, _examples(task, tokenizer), tokenizer.pad_token_id, args)
+        data = _examples(task, tokenizer, float(args["localization"]), int(args["seed"]))
+        loss = _warm_start(model, data, tokenizer.pad_token_id, args)
     finally:
         torch.set_num_threads(old_threads)
     model.generation_config = GenerationConfig(

@@ -73,6 +73,25 @@ def localization_prompt(
     )
 
 
+def compact_prompt(problem: str, thoughts: Sequence[str], *, delimiter: str = "</thought>") -> str:
+    """A short localization request for small models trained to follow it [ours].
+
+    The same content as :func:`localization_prompt` without the English instructions (which a
+    tiny character-level model cannot read, and which would make its warm start several times
+    longer): ``Check: <problem>``, the lines ``Step i: <thought>``, then ``First wrong step:``;
+    the expected answer is `` \boxed{N}``. The tiny ``arith`` model is warm-started on it.
+    """
+    steps = [
+        f"Step {i}: {(t.replace(delimiter, '') if delimiter else t).strip()}"
+        for i, t in enumerate(thoughts, 1)
+    ]
+    return f"Check: {problem.strip()}\n" + "\n".join(steps) + "\nFirst wrong step:"
+
+
+#: Localization prompt templates by name (``reset_selector.template`` / ``model.localization_template``).
+TEMPLATES = {"paper": localization_prompt, "compact": compact_prompt}
+
+
 def _last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` (brace-balanced), or None if absent or unclosed."""
     start = text.rfind(_BOXED)

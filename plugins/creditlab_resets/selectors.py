@@ -37,7 +37,7 @@ from creditlab.types import (
     Spans,
     Trajectory,
 )
-from creditlab_resets.localize import localization_prompt, parse_localization
+from creditlab_resets.localize import TEMPLATES, parse_localization
 
 
 def thought_texts(trajectory: Trajectory, spans: Spans, tokenizer: Any) -> list[str]:
@@ -157,6 +157,9 @@ class SelfLocalizeResetSelector(ResetSelector):
         problem_field: ``""`` shows ``Problem.prompt`` as the problem; otherwise the key of
             ``Problem.metadata`` holding the bare problem text (the official prompt shows the
             question without the solving template).
+        template: ``paper`` (the official prompt's instructions, in our words) or ``compact``
+            (no instructions; for small models warm-started on it, like the tiny arith model).
+            The shipped YAML takes it from ``model.localization_template``.
         """
 
         temperature: float = 0.3
@@ -165,8 +168,14 @@ class SelfLocalizeResetSelector(ResetSelector):
         max_new_tokens: int = 64
         delimiter: str = "</thought>"
         problem_field: str = ""
+        template: str = "paper"
 
         def __post_init__(self) -> None:
+            if self.template not in TEMPLATES:
+                raise ConfigError(
+                    f"reset_selector.template must be one of {', '.join(TEMPLATES)}; "
+                    f"got {self.template!r}."
+                )
             if not self.temperature >= 0:
                 raise ConfigError(
                     f"reset_selector.temperature must be >= 0; got {self.temperature!r}."
@@ -241,7 +250,8 @@ class SelfLocalizeResetSelector(ResetSelector):
                 points[i] = ResetPoint(0, info={**info, "localization": ""})
                 continue
             texts = thought_texts(traj, sp, ctx.tokenizer)
-            prompt = localization_prompt(self._problem_text(traj.problem), texts, delimiter=delim)
+            template = TEMPLATES[self.config.template]
+            prompt = template(self._problem_text(traj.problem), texts, delimiter=delim)
             requests.append(GenerationRequest(tuple(ctx.encode(prompt))))
             asked.append((i, n))
         if requests:

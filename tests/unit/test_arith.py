@@ -235,3 +235,30 @@ def test_recipe_entry_point() -> None:
     assert registry("model_recipe").get("arith_tiny") is recipe.build_tiny_model
     assert recipe.checkpoint_dir({}) == recipe.checkpoint_dir({"seed": 0, "task": {"seed": 0}})
     assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"seed": 1})
+
+
+def test_localization_examples_blame_the_corrupted_step() -> None:
+    """The warm start's localization data: step k is the oracle's first wrong thought, the final
+    answer is wrong, and the answer text is what the SRPO parser reads as k + 1."""
+    import random
+
+    from creditlab_arith.model import _examples, corrupted_thoughts
+    from creditlab_arith.task import last_boxed
+    from creditlab_resets.localize import parse_localization
+
+    task = small_task()
+    rng = random.Random(0)
+    for p in task.load("train")[:100]:
+        n = len(p.metadata["steps"])
+        for k in range(n):
+            thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand)
+            assert len(thoughts) == n and p.oracle(thoughts) == k
+            assert last_boxed(thoughts[-1]) != p.answer
+    tok = build_char_tokenizer()
+    data = _examples(task, tok, 0.5, seed=0)
+    assert len(data) == 300 + 150
+    ids, n_prompt = data[-1]
+    prompt, answer = tok.decode(ids[:n_prompt]), tok.decode(ids[n_prompt:], skip_special_tokens=True)
+    assert prompt.startswith("<s>Check: Start ") and prompt.endswith("First wrong step:")
+    n = prompt.count("\nStep ")
+    assert 1 <= parse_localization(answer, n)[0] <= n and parse_localization(answer, n)[1] == "boxed"

@@ -121,10 +121,13 @@ def test_failures_fill_base_after_the_seed_and_late_correct_chains_are_discarded
     assert [t.reward for t in result.trajectories if t.role == "base"] == [0.0] * 4
 
 
-def test_fallback_is_the_first_n_draws_as_one_plain_group() -> None:
-    result, script = build({"p": [C] * 12})
-    assert script.drawn["p"] == 12  # the draw limit
+def test_fallback_is_the_base_group_topped_up_with_fresh_chains() -> None:
+    result, script = build({"p": [C] * 12 + [W, C, W, C]})
+    assert script.drawn["p"] == 12 + 4  # the draw limit, then 4 fresh chains
+    assert script.calls == [5] + [1] * 7 + [4]
     assert roles(result.trajectories) == [(0, "fallback")] * 8
+    # Fresh top-up chains are ordinary draws: failures among them are trained on.
+    assert [t.reward for t in result.trajectories] == [1.0] * 4 + [0.0, 1.0, 0.0, 1.0]
     assert result.stats["fallback"] == 1 and not result.seeds
 
 
@@ -152,9 +155,12 @@ def test_2x4_two_seeds_no_base() -> None:
     assert roles(result.trajectories) == [(0, "reset")] * 4 + [(1, "reset")] * 4
 
 
-def test_2x4_one_seed_gives_its_budget_to_fresh_chains() -> None:
-    result, _ = build({"p": [W] + [C] * 11}, split="2x4")
-    assert roles(result.trajectories) == [(0, "base")] * 4 + [(1, "reset")] * 4
+def test_2x4_with_one_seed_falls_back_to_a_plain_group() -> None:
+    result, script = build({"p": [W] + [C] * 18}, split="2x4")
+    assert script.drawn["p"] == 12 + 7  # the seed found joins the plain group
+    assert roles(result.trajectories) == [(0, "fallback")] * 8
+    assert [t.reward for t in result.trajectories] == [0.0] + [1.0] * 7
+    assert not result.seeds and result.stats["fallback"] == 1
 
 
 def test_1x8_and_several_prompts_get_distinct_groups() -> None:

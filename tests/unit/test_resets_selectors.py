@@ -316,3 +316,16 @@ def test_oracle_without_oracle_is_an_input_error(char_tok):
         OracleResetSelector().select(traj, spans, FakePolicyHandle(tokenizer=char_tok))
     msg = str(err.value)
     assert "gsm8k-test-17" in msg and "reset_selector=random" in msg and "self_localize" in msg
+
+
+def test_self_localize_compact_template(char_tok):
+    traj, spans = _seed(Problem("p", *CHAINS[0][:1], "0"), CHAINS[0][1], char_tok)
+    gen = _Recorder([" \\boxed{3}"])
+    ctx = FakePolicyHandle(tokenizer=char_tok, generate_fn=gen)
+    sel = SelfLocalizeResetSelector(SelfLocalizeResetSelector.Config(template="compact"))
+    point = sel.select(traj, spans, ctx)
+    text = char_tok.decode(gen.calls[0][0][0].prompt_ids)
+    assert text.startswith("Check: Start 7, +5, *3.\nStep 1: ") and text.endswith("\nFirst wrong step:")
+    assert point.segment == 2 and point.info["status"] == "boxed"
+    with pytest.raises(ConfigError, match="template"):
+        SelfLocalizeResetSelector.Config(template="nope")
