@@ -150,13 +150,15 @@ def _examples(task: ArithTask, tokenizer: Any, localization: float, seed: int) -
     for i in range(int(round(localization * len(problems)))):
         p = problems[i % len(problems)]
         k = rng.randrange(len(p.metadata["steps"]))
-        thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand)
+        thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand, task.config.numbered)
         assert p.oracle is not None and p.oracle(thoughts) == k, (p.prompt, thoughts, k)
         out.append(example(compact_prompt(p.prompt, thoughts), f" \\boxed{{{k + 1}}}"))
     return out
 
 
-def corrupted_thoughts(problem: Any, k: int, rng: random.Random, max_operand: int) -> list[str]:
+def corrupted_thoughts(
+    problem: Any, k: int, rng: random.Random, max_operand: int, numbered: bool = False
+) -> list[str]:
     """``problem``'s gold chain with step ``k`` (0-based) made wrong and later steps following it.
 
     Step k either states a wrong result or uses a wrong operand (computed correctly); each later
@@ -177,7 +179,7 @@ def corrupted_thoughts(problem: Any, k: int, rng: random.Random, max_operand: in
                 else:
                     result += 1
         shown = f"\\boxed{{{result}}}" if i == len(steps) - 1 else str(result)
-        out.append(f"{value}{op}{b}={shown}")
+        out.append(f"{i + 1}:" * numbered + f"{value}{op}{b}={shown}")
         value = result
     return out
 

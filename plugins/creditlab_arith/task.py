@@ -27,8 +27,10 @@ from creditlab.types import Problem
 OPS = "+-*"
 
 BOXED = "\\boxed{"
-# One step: "<lhs><op><operand>=<result>" where the result may be wrapped in \boxed{...}.
-_STEP_RE = re.compile(r"^(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$")
+# One step: "[<k>:]<lhs><op><operand>=<result>", the result possibly wrapped in \boxed{...}.
+_STEP_RE = re.compile(
+    r"^(?:(\d+)\s*:\s*)?(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$"
+)
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
@@ -86,13 +88,21 @@ def _clean(thought: str, delimiter: str) -> str:
     return thought
 
 
-def step_is_correct(thought: str, lhs: int, op: str, operand: int, result: int) -> bool:
-    """Whether ``thought`` states ``lhs op operand = result`` (result plain or boxed)."""
+def step_is_correct(
+    thought: str, lhs: int, op: str, operand: int, result: int, label: int | None = None
+) -> bool:
+    """Whether ``thought`` states ``lhs op operand = result`` (result plain or boxed).
+
+    A leading step label ``"<k>:"`` is optional; when present it must equal ``label`` (a
+    thought labelled with no ``label`` expected is malformed).
+    """
     m = _STEP_RE.match(thought)
     if m is None:
         return False
-    got = m.group(4) if m.group(4) is not None else m.group(5)
-    return (int(m.group(1)), m.group(2), int(m.group(3)), int(got)) == (lhs, op, operand, result)
+    if m.group(1) is not None and (label is None or int(m.group(1)) != label):
+        return False
+    got = m.group(5) if m.group(5) is not None else m.group(6)
+    return (int(m.group(2)), m.group(3), int(m.group(4)), int(got)) == (lhs, op, operand, result)
 
 
 def first_wrong_thought(
@@ -125,10 +135,11 @@ def first_wrong_thought(
     clean = [_clean(t, delimiter) for t in thoughts]
     value = start
     for i, (op, operand, result) in enumerate(steps):
-        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result):
+        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result, i + 1):
             return i
         value = result
-    boxed = [(i, parse_int(last_boxed(t))) for i, t in enumerate(clean) if last_boxed(t) is not None]
+    answers = [(i, last_boxed(t)) for i, t in enumerate(clean)]
+    boxed = [(i, parse_int(a)) for i, a in answers if a is not None]
     if boxed and boxed[-1][1] == value:
         return None
     # The verifier would read a wrong or no answer: blame the first thought after the operations
@@ -156,6 +167,9 @@ class ArithTask(Task):
             ops: Allowed operators, a subset of ``"+-*"``.
             seed: Generation seed; ``load`` is a pure function of the config.
             delimiter: Ends every thought.
+            numbered: Label the operations ``"k:"`` in the prompt and in the thoughts (the
+                step lookup is then a copy of what follows ``"k:"``, which a tiny model learns
+                much faster than counting steps).
         """
 
         num_train: int = 2000
@@ -167,6 +181,7 @@ class ArithTask(Task):
         ops: str = "+-*"
         seed: int = 0
         delimiter: str = "</thought>"
+        numbered: bool = False
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -182,7 +197,8 @@ class ArithTask(Task):
         self._cache: dict[str, list[Problem]] = {}
 
     # -- generation ----------------------------------------------------------------------------
-    def _draw(self, rng: random.Random) -> tuple[int, list[tuple[str, int, int]]]:
+    def _draw(self, rng: random.Random) -> tuple[int, list[tuple[str, int, int]]] | None:
+        """A start value and gold steps, or ``None`` at a dead end (no operation fits)."""
         c = self.config
         value = rng.randint(1, c.max_operand)
         start, steps = value, []
@@ -193,7 +209,9 @@ class ArithTask(Task):
                 for b in range(1, c.max_operand + 1)
                 if 0 <= apply_op(value, op, b) <= c.max_value
             ]
-            op, b = rng.choice(options)  # never empty: subtracting/adding 1 or times 1 fits
+            if not options:  # e.g. ops="+" at max_value
+                return None
+            op, b = rng.choice(options)
             value = apply_op(value, op, b)
             steps.append((op, b, value))
         return start, steps
@@ -201,11 +219,14 @@ class ArithTask(Task):
     def make_problem(self, pid: str, start: int, steps: Sequence[tuple[str, int, int]]) -> Problem:
         """Build the :class:`Problem` for a start value and gold steps."""
         delim = self.config.delimiter
-        prompt = f"Start {start}, " + ", ".join(f"{op}{b}" for op, b, _ in steps) + ". "
+        tag = (lambda k: f"{k}:") if self.config.numbered else (lambda k: "")
+        prompt = f"Start {start}, " + ", ".join(
+            f"{tag(k + 1)}{op}{b}" for k, (op, b, _) in enumerate(steps)
+        ) + ". "
         thoughts, value = [], start
         for i, (op, b, result) in enumerate(steps):
             shown = f"{BOXED}{result}}}" if i == len(steps) - 1 else str(result)
-            thoughts.append(f"{value}{op}{b}={shown}")
+            thoughts.append(f"{tag(i + 1)}{value}{op}{b}={shown}")
             value = result
         solution = "".join(t + delim for t in thoughts)
         steps_t = tuple((op, int(b), int(r)) for op, b, r in steps)
@@ -240,8 +261,10 @@ class ArithTask(Task):
                         f"cannot draw {c.num_train}+{c.num_test} distinct problems with this "
                         f"config; lower num_train/num_test or widen max_steps/max_operand"
                     )
-                start, steps = self._draw(rng)
-                problem = self.make_problem(f"arith-{split}-{len(out[split]):05d}", start, steps)
+                drawn = self._draw(rng)
+                if drawn is None:
+                    continue
+                problem = self.make_problem(f"arith-{split}-{len(out[split]):05d}", *drawn)
                 if problem.prompt in seen:
                     continue
                 seen.add(problem.prompt)

@@ -63,7 +63,8 @@ def test_task_deterministic_and_disjoint() -> None:
     train, test = a.load("train"), a.load("test")
     assert len(train) == 300 and len(test) == 50
     assert [p.prompt for p in train] == [p.prompt for p in b.load("train")]
-    assert [p.metadata["solution"] for p in test] == [p.metadata["solution"] for p in b.load("test")]
+    solutions = [p.metadata["solution"] for p in test]
+    assert solutions == [p.metadata["solution"] for p in b.load("test")]
     assert not {p.prompt for p in train} & {p.prompt for p in test}
     assert len({p.id for p in train + test}) == 350
     other = small_task(seed=1).load("train")
