@@ -160,7 +160,10 @@ class CreditAssignmentModule(L.LightningModule):
         for kind, part in (
             ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
             ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
+            ("reset_selector", self.parts.planner.reset_selector),
         ):
+            if part is None:
+                continue
             metrics.update({f"train/{kind}/{k}": v for k, v in part.metrics().items()})
         self.counters["time/train_s"] += time.perf_counter() - t0
         metrics.update({
