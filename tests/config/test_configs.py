@@ -61,3 +61,22 @@ def test_every_registered_builtin_has_a_yaml():
         for name in REGISTRIES[kind].names():
             if REGISTRIES[kind].entries[name].dist == "creditlab":
                 assert (CONF_DIR / kind / f"{name}.yaml").exists(), f"conf/{kind}/{name}.yaml missing"
+
+
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (CONF_DIR.parent / "sweeps").glob("*.yaml")))
+def test_sweeps_compose_and_every_job_validates(sweep):
+    """Every sweep in sweeps/ composes (``+sweeps=<name>``) and each of its jobs validates."""
+    import itertools
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from creditlab.hydra_plugins import searchpath_override
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        full = hydra_compose("train", overrides=[*searchpath_override(), f"+sweeps={sweep}"], return_hydra_config=True)
+    params = {k: str(v).split(",") for k, v in full.hydra.sweeper.params.items()}
+    assert params, f"sweeps/{sweep}.yaml sets no hydra.sweeper.params"
+    for values in itertools.product(*params.values()):
+        job = [f"{k}={v}" for k, v in zip(params, values)]
+        validate(compose([f"+sweeps={sweep}", *job]))
