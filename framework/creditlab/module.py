@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from creditlab.credit import CreditMetrics
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.interfaces import AdvantageEstimator, GenerationBackend, Segmenter, Verifier
 from creditlab.losses import LossConfig, MiniBatchStats, entropy_from_logits, gather_logprobs, policy_loss
@@ -85,6 +86,7 @@ class CreditAssignmentModule(L.LightningModule):
         self.seed = seed
         self.grad_clip = grad_clip
         self._reference = [reference] if reference is not None else []  # not a submodule
+        self.credit = CreditMetrics(tokenizer, rollout.delimiter, rollout.success_reward)
         self.counters = {"tokens/trained": 0.0, "tokens/generated": 0.0, "time/train_s": 0.0}
 
     # -- Lightning plumbing ----------------------------------------------------------------------
@@ -157,6 +159,7 @@ class CreditAssignmentModule(L.LightningModule):
         metrics = self.step_metrics(rollout, generated)
         metrics.update(update_metrics)
         metrics.update({f"train/advantage/{k}": v for k, v in advantages.metrics.items()})
+        metrics.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
         for kind, part in (
             ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
             ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
