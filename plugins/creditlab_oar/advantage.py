@@ -1,0 +1,399 @@
+"""OAR-P and OAR-G advantage estimators (Outcome-Grounded Advantage Reshaping).
+
+Li et al., "Outcome-Grounded Advantage Reshaping for Fine-Grained Credit Assignment in
+Mathematical Reasoning", arXiv 2601.07408; code fragment github.com/Valsure/
+Outcome-Grounded-Advantage-Reshaping (``OAR-main.py``, no licence: read, not copied).
+
+Both estimators compute ``A_{i,t} = A_i * w_{i,t}``: ``A_i`` is the GRPO group advantage
+(:func:`creditlab.advantages.group_advantages`, knobs ``std``/``eps``/``zero_std_tol``), ``w`` the
+bi-level weights of :func:`creditlab_oar.reshape.reshape_weights` over the trained reasoning tokens
+of row i (answer tokens, EOS and rows with fewer than two such tokens keep weight 1); values are
+exactly 0 where ``loss_mask`` is 0. Rows with ``A_i = 0`` are not probed (their advantages are 0
+whatever the weights). The token importance ``I_t`` comes from the outcome probe of
+:mod:`creditlab_oar.probe`:
+
+* **OAR-P** (``oar_p``) [code: ``calculate_token_importance_perturbation``]: for every trained
+  reasoning position t, the probe with token t replaced by ``mask_token_id`` (default: the pad id;
+  attention stays on it, as in the code) is read out without grad, batched over rows and positions
+  in chunks of ``chunk_size`` sequences; ``I_t = KL(P || P^(t))`` (``last``, ``answer_mean``) or
+  ``phi - phi^(t)`` (``answer_joint``).
+* **OAR-G** (``oar_g``) [code: ``calculate_token_importance_gradient``]: Gaussian noise
+  ``eps ~ N(0, sigma^2)`` on the reasoning-token embeddings, ``J = KL(P0 || P_noisy)`` or
+  ``phi0 - phi_noisy``, and ``I_t = |sum_d dJ/dE_{t,d}(E + eps) * E_{t,d}|`` (E clean, as the code).
+
+  [ours] ``PolicyHandle.input_gradients`` runs the forward on the *clean* embeddings of
+  ``input_ids`` and cannot take a perturbed input, so the gradient at ``E + eps`` is taken to first
+  order in ``sigma``: the objective is ``J(E) + <grad J(E), eps>`` (teacher ``P0``/``phi0`` from the
+  same clean forward), whose gradient is ``grad J(E) + H(E) eps``, a Hessian-vector product (double
+  backward). In the KL modes ``grad J(E) = 0`` exactly, so ``I`` is driven by ``H eps`` as in the
+  paper; the neglected terms are O(sigma^2). Double backward needs an attention kernel that
+  supports it: the call runs under ``sdpa_kernel(MATH)`` (SDPA and eager models work; flash-
+  attention-2 models do not). A handle argument that perturbs the forward's embeddings would make
+  this exact in one forward and one backward (see docs/methods/oar.md).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from creditlab.advantages import STD_OPTIONS, broadcast, group_advantages
+from creditlab.interfaces import AdvantageEstimator, PolicyHandle
+from creditlab.registry import ConfigError
+from creditlab.types import Advantages, RolloutBatch
+from creditlab_oar.probe import (
+    DIST_MODES,
+    MODES,
+    Probe,
+    answer_logprob,
+    build_probe,
+    kl_from_logits,
+    next_token_logits,
+    pad_right,
+    probe_divergence,
+    text_ids,
+)
+from creditlab_oar.reshape import NEGATIVE_OPTIONS, reshape_weights
+
+#: Counters summed over ``estimate`` calls; ratios are formed in :func:`_summarize`.
+_COUNTS = (
+    "groups", "zero_std_groups", "singleton_groups", "rows", "abs_sum", "probed_rows",
+    "reasoning_tokens", "high_tokens", "high_weight_sum", "low_weight_sum", "marker_missing",
+    "answer_fallback", "probe_forwards", "probe_tokens", "probe_s",
+)
+
+
+@dataclass
+class OARConfig:
+    """Knobs shared by OAR-P and OAR-G.
+
+    Attributes:
+        mode: Probe read-out: ``last``, ``answer_mean`` or ``answer_joint``
+            (:mod:`creditlab_oar.probe`).
+        cue: Conclude-cue text appended after the reasoning.
+        answer_marker: Text whose last occurrence (as a token sequence) starts the answer.
+        q: Tier-splitting quantile of the normalized scores, in [0, 1]. Paper value unknown (ours).
+        beta: High-tier boost, >= 0. Paper value unknown (ours).
+        w_floor: Lowest low-tier weight (the code's 0.1), in [0, 1].
+        preserve_mass: Rescale reasoning weights to sum to L (the code's ``sum_to_L``).
+        negative: Negative importance (``answer_joint``): ``signed`` (``sign(I) log(1+|I|)``,
+            the code's order, ours) or ``clamp`` (to 0). See :mod:`creditlab_oar.reshape`.
+        chunk_size: Sequences per probe forward (OAR-P) / rows per gradient call (OAR-G); 0 = all.
+        std: GRPO group std: ``sample``, ``population`` or ``none``.
+        eps: Added to the group std.
+        zero_std_tol: Groups whose std is below this get advantage 0.
+    """
+
+    mode: str = "last"
+    cue: str = "\\boxed{"
+    answer_marker: str = "\\boxed{"
+    q: float = 0.5
+    beta: float = 1.0
+    w_floor: float = 0.1
+    preserve_mass: bool = True
+    negative: str = "signed"
+    chunk_size: int = 64
+    std: str = "sample"
+    eps: float = 1e-6
+    zero_std_tol: float = 1e-8
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, what: str) -> None:
+            if not ok:
+                raise ConfigError(f"advantage.{key} must be {what}; got {getattr(self, key)!r}.")
+
+        need(self.mode in MODES, "mode", f"one of {', '.join(MODES)}")
+        need(self.std in STD_OPTIONS, "std", f"one of {', '.join(STD_OPTIONS)}")
+        need(isinstance(self.cue, str), "cue", "a string")
+        need(isinstance(self.answer_marker, str), "answer_marker", "a string")
+        need(0.0 <= self.q <= 1.0, "q", "in [0, 1]")
+        need(self.beta >= 0.0, "beta", ">= 0")
+        need(0.0 <= self.w_floor <= 1.0, "w_floor", "in [0, 1]")
+        need(self.negative in NEGATIVE_OPTIONS, "negative", f"one of {', '.join(NEGATIVE_OPTIONS)}")
+        need(isinstance(self.chunk_size, int) and self.chunk_size >= 0, "chunk_size", "an int >= 0")
+        need(self.eps >= 0, "eps", ">= 0")
+        need(self.zero_std_tol >= 0, "zero_std_tol", ">= 0")
+
+
+def _summarize(c: dict[str, float]) -> dict[str, float]:
+    """Metrics from summed counters (ratios of sums, 0 when a denominator is 0)."""
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else 0.0
+
+    low_tokens = c["reasoning_tokens"] - c["high_tokens"]
+    out = {k: c[k] for k in ("groups", "zero_std_groups", "singleton_groups", "probed_rows",
+                             "reasoning_tokens", "marker_missing", "answer_fallback",
+                             "probe_forwards", "probe_tokens", "probe_s")}
+    out.update(
+        abs_mean=ratio(c["abs_sum"], c["rows"]),
+        high_tier_frac=ratio(c["high_tokens"], c["reasoning_tokens"]),
+        high_tier_weight_mean=ratio(c["high_weight_sum"], c["high_tokens"]),
+        low_tier_weight_mean=ratio(c["low_weight_sum"], low_tokens),
+    )
+    return out
+
+
+class _OARAdvantage(AdvantageEstimator):
+    """Shared OAR machinery: group advantages, probes, reshaping, metrics."""
+
+    Config = OARConfig
+
+    def __init__(self, config: OARConfig | None = None) -> None:
+        super().__init__(config)
+        self._totals = dict.fromkeys(_COUNTS, 0.0)
+        self._call = dict.fromkeys(_COUNTS, 0.0)
+
+    # -- the estimator ------------------------------------------------------------------------
+    def estimate(self, batch: RolloutBatch, ctx: PolicyHandle) -> Advantages:
+        """Reshaped advantages of ``batch``.
+
+        Args:
+            batch: Uses ``rewards``/``group_ids`` (B,), ``loss_mask``/``response_*`` (B, T),
+                ``input_ids``/``attention_mask`` (B, P+T) and each trajectory's finish reason.
+            ctx: The current policy (probe forwards / input gradients, ``tokenizer``, ``rng``).
+
+        Returns:
+            ``Advantages`` with values (B, T) (dtype of ``loss_mask``): ``A_i * w_{i,t}`` on trained
+            tokens, exactly 0 where ``loss_mask`` is 0; metrics as :meth:`metrics`, for this batch.
+        """
+        cfg = self.config
+        self._call = dict.fromkeys(_COUNTS, 0.0)
+        adv, gm = group_advantages(
+            batch.rewards, batch.group_ids, cfg.std, cfg.eps, cfg.zero_std_tol
+        )
+        dtype = batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else adv.dtype
+        rows = [i for i in range(batch.size) if adv[i] != 0]
+        importance, reasoning = self.importance(batch, ctx, rows)
+        weights, high = reshape_weights(
+            importance, reasoning, cfg.q, cfg.beta, cfg.w_floor, cfg.preserve_mass, cfg.negative
+        )
+        values = broadcast(adv.to(dtype), batch.loss_mask) * weights.to(dtype)
+
+        for key in ("groups", "zero_std_groups", "singleton_groups"):
+            self._add(key, gm[key])
+        self._add("rows", batch.size)
+        self._add("abs_sum", float(adv.abs().sum()))
+        self._add("reasoning_tokens", float(reasoning.sum()))
+        self._add("high_tokens", float(high.sum()))
+        self._add("high_weight_sum", float(weights[high].sum()))
+        self._add("low_weight_sum", float(weights[reasoning & ~high].sum()))
+        return Advantages(values=values, metrics=_summarize(self._call))
+
+    def _add(self, key: str, value: float) -> None:
+        """Count into this call's metrics and the totals since the last :meth:`metrics`."""
+        self._call[key] += value
+        self._totals[key] += value
+
+    def importance(
+        self, batch: RolloutBatch, ctx: PolicyHandle, rows: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw token importance of the trained reasoning tokens.
+
+        Args:
+            batch: The rollout batch.
+            ctx: The current policy.
+            rows: Rows to probe (default: all).
+
+        Returns:
+            ``(importance, reasoning)``, both (B, T): ``importance`` float32 ``I_t`` (0 elsewhere);
+            ``reasoning`` bool, the trained reasoning tokens of probed rows with at least two of
+            them (the tokens the weights are computed over).
+        """
+        cfg = self.config
+        t0 = time.perf_counter()
+        tok = ctx.tokenizer
+        eos_id = getattr(tok, "eos_token_id", None) if tok is not None else None
+        marker, cue = text_ids(cfg.answer_marker, ctx), text_ids(cfg.cue, ctx)
+        rows = range(batch.size) if rows is None else rows
+        probes = [build_probe(batch, r, marker, cue, cfg.mode, eos_id) for r in rows]
+        probes = [p for p in probes if p.scored.numel() >= 2]
+        importance = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+        reasoning = torch.zeros(batch.loss_mask.shape, dtype=torch.bool)
+        if probes:
+            for p, scores in zip(probes, self._scores(probes, ctx)):
+                importance[p.row, p.scored] = scores.float()
+                reasoning[p.row, p.scored] = True
+        self._add("probed_rows", len(probes))
+        self._add("marker_missing", sum(not p.marker_found for p in probes))
+        self._add("answer_fallback", sum(p.fallback for p in probes))
+        self._add("probe_s", time.perf_counter() - t0)
+        return importance, reasoning
+
+    @abc.abstractmethod
+    def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
+        """One (L,) float tensor of importance per probe, over ``probe.scored``."""
+
+    def metrics(self) -> dict[str, float]:
+        """Since the last call (then reset): group counts, ``abs_mean`` (mean |A_i|),
+        ``probed_rows``, ``reasoning_tokens`` (tokens reshaped), ``high_tier_frac``,
+        ``high_tier_weight_mean``/``low_tier_weight_mean`` (mean weight per tier, after mass
+        preservation), ``marker_missing`` (probed rows without the answer marker),
+        ``answer_fallback`` (rows read in ``last`` mode instead of an answer mode),
+        ``probe_forwards``/``probe_tokens`` (sequences and real tokens sent to the policy for
+        probing) and ``probe_s`` (seconds)."""
+        out, self._totals = _summarize(self._totals), dict.fromkeys(_COUNTS, 0.0)
+        return out
+
+    @staticmethod
+    def _pad_id(ctx: PolicyHandle) -> int:
+        tok = ctx.tokenizer
+        pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+        return int(pad) if pad is not None else 0
+
+
+class OARPAdvantage(_OARAdvantage):
+    """OAR-P: token importance by counterfactual replacement (no grad, batched and chunked)."""
+
+    @dataclass
+    class Config(OARConfig):
+        """Attributes: as :class:`OARConfig`, plus
+        mask_token_id: Token that replaces a reasoning token (``None`` = the tokenizer's pad id,
+            0 without tokenizer).
+        """
+
+        mask_token_id: int | None = None
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if self.mask_token_id is not None and self.mask_token_id < 0:
+                raise ConfigError(
+                    f"advantage.mask_token_id must be >= 0; got {self.mask_token_id!r}."
+                )
+
+    def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
+        cfg = self.config
+        pad = self._pad_id(ctx)
+        mask_id = pad if cfg.mask_token_id is None else int(cfg.mask_token_id)
+        scores = [torch.zeros(p.scored.numel(), dtype=torch.float64) for p in probes]
+        for dist in (True, False):
+            jobs = [(i, k) for i, p in enumerate(probes) if (p.mode in DIST_MODES) == dist
+                    for k in range(-1, p.scored.numel())]  # k = -1: the unperturbed probe
+            clean: dict[int, torch.Tensor] = {}
+            step = cfg.chunk_size or max(len(jobs), 1)
+            for s in range(0, len(jobs), step):
+                chunk = jobs[s : s + step]
+                seqs = []
+                for i, k in chunk:
+                    p, ids = probes[i], probes[i].ids
+                    if k >= 0:
+                        ids = ids.clone()
+                        ids[p.reasoning_start + int(p.scored[k])] = mask_id
+                    seqs.append(ids)
+                ids, att = pad_right(seqs, pad)
+                self._add("probe_forwards", len(chunk))
+                self._add("probe_tokens", float(att.sum()))
+                if dist:
+                    positions = [probes[i].read_positions for i, _ in chunk]
+                    vals = next_token_logits(ctx, ids, att, positions)
+                else:
+                    vals = answer_logprob(ctx, ids, att, [probes[i].cue_end for i, _ in chunk],
+                                          [probes[i].answer_len for i, _ in chunk])
+                for (i, k), v in zip(chunk, vals):
+                    if k < 0:
+                        clean[i] = v
+                pert = [j for j, (_, k) in enumerate(chunk) if k >= 0]
+                if not pert:
+                    continue
+                base = torch.stack([clean[chunk[j][0]] for j in pert])
+                delta = kl_from_logits(base, vals[pert]) if dist else base - vals[pert]
+                for j, d in zip(pert, delta):
+                    i, k = chunk[j]
+                    scores[i][k] = d
+        return scores
+
+
+@contextlib.contextmanager
+def _double_backward_attention() -> Iterator[None]:
+    """Scaled-dot-product attention through its composite (double-differentiable) kernel."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - torch < 2.3
+        yield
+        return
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
+
+
+def reasoning_noise(
+    probes: Sequence[Probe], embeddings: torch.Tensor, sigma: float, generator: torch.Generator
+) -> torch.Tensor:
+    """OAR-G's noise: N(0, sigma^2) on each probe's reasoning-token embeddings, 0 elsewhere.
+
+    Drawn in float64 on the CPU generator, row by row in probe order (so the draws do not depend on
+    padding, chunking, device or model dtype), then cast to the embeddings' dtype and device.
+
+    Args:
+        probes: N probes, row j of ``embeddings`` from ``probes[j].ids``.
+        embeddings: (N, L, D).
+
+    Returns:
+        (N, L, D).
+    """
+    noise = torch.zeros_like(embeddings)
+    d = embeddings.shape[-1]
+    for j, p in enumerate(probes):
+        draw = torch.randn((p.n_reasoning, d), generator=generator, dtype=torch.float64) * sigma
+        noise[j, p.reasoning_start : p.reasoning_start + p.n_reasoning] = draw.to(noise)
+    return noise
+
+
+class OARGAdvantage(_OARAdvantage):
+    """OAR-G: token importance by input gradient x input at noise-perturbed embeddings."""
+
+    @dataclass
+    class Config(OARConfig):
+        """Attributes: as :class:`OARConfig` (``mode`` defaults to ``answer_mean``, the code's
+        default for this variant; ``chunk_size`` = rows per gradient call, 0 = all), plus
+        sigma: Std of the Gaussian embedding noise (the code's 1e-3); must be > 0 in the KL modes.
+        """
+
+        mode: str = "answer_mean"
+        chunk_size: int = 0
+        sigma: float = 1e-3
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if not self.sigma >= 0 or (self.mode in DIST_MODES and self.sigma == 0):
+                raise ConfigError(
+                    f"advantage.sigma must be > 0 (>= 0 for mode answer_joint); got {self.sigma!r}."
+                )
+
+    def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
+        cfg = self.config
+        pad = self._pad_id(ctx)
+        out: list[torch.Tensor] = []
+        step = cfg.chunk_size or len(probes)
+        for s in range(0, len(probes), step):
+            chunk = list(probes[s : s + step])
+            ids, att = pad_right([p.ids for p in chunk], pad)
+            self._add("probe_forwards", len(chunk))
+            self._add("probe_tokens", float(att.sum()))
+
+            def objective(emb: torch.Tensor, logits: torch.Tensor, chunk=chunk) -> torch.Tensor:
+                total = probe_divergence(logits, chunk).sum()  # J(E), 0 at these embeddings
+                if cfg.sigma == 0:  # answer_joint only: the plain input gradient
+                    return total
+                noise = reasoning_noise(chunk, emb, cfg.sigma, ctx.rng)
+                (g,) = torch.autograd.grad(total, emb, create_graph=True)
+                return total + (g.double() * noise.double()).sum()  # grad: dJ + H eps
+
+            try:
+                with _double_backward_attention():
+                    emb, grad = ctx.input_gradients(ids, att, objective)
+            except RuntimeError as exc:
+                if "not implemented" not in str(exc):
+                    raise
+                raise RuntimeError(
+                    "OAR-G differentiates the policy twice (gradient at the noisy embeddings to "
+                    "first order in sigma) and the model's attention kernel has no double "
+                    f"backward ({exc}). Load the model with attn_implementation='sdpa' or 'eager'."
+                ) from exc
+            saliency = (grad.double() * emb.double()).sum(-1).abs().cpu()  # (N, L)
+            out.extend(saliency[j, p.reasoning_start + p.scored] for j, p in enumerate(chunk))
+        return out

@@ -1,0 +1,264 @@
+"""Outcome probes of OAR (Li et al., arXiv 2601.07408): their inputs and their read-outs.
+
+The probe of a trajectory is ``prompt + reasoning + cue (+ answer)`` [code: the authors' fragment
+builds ``token_ids_before_reasoning + token_ids_reasoning + token_ids_conclude (+ answer)``]:
+
+* **answer** = the response tokens after the *last* occurrence of the ``answer_marker`` token
+  sequence, up to the end (a final EOS excluded); the marker itself and everything after it keep
+  advantage weight 1. **reasoning** = the response tokens before the marker. Without a marker every
+  response token but a final EOS is reasoning. [ours: the fragment receives reasoning and answer as
+  separate strings and re-tokenizes them; here they are cut from the rollout's token ids, never
+  re-tokenized]
+* **cue** = the ``cue`` text's tokens. With the default ``cue = answer_marker = "\\boxed{"`` the
+  probe ``prompt + reasoning + cue + answer`` is exactly the rollout's own token sequence (minus
+  EOS). The fragment takes the cue from an input field (``inputs['conclude']``) whose value is not
+  in the released code, so the default is ours.
+
+Modes (what the probe reads):
+
+* ``last`` [code]: the next-token distribution after the cue (logits at the cue's last position);
+  the answer is not appended (causal models: it could not change that distribution).
+* ``answer_mean`` [code, the fragment's default for the gradient variant]: the distribution of the
+  *mean logits* over the positions that predict the answer tokens.
+* ``answer_joint`` [code]: ``phi`` = mean log-prob of the answer tokens given the probe.
+
+Rows whose answer is empty (no marker, or nothing after it) fall back from the answer modes to
+``last`` (counted by the estimators).
+
+Read-outs through :class:`~creditlab.interfaces.PolicyHandle` (no method was added to the core):
+
+* distributions: the handle has no method returning next-token distributions, but
+  ``ctx.input_gradients`` hands the logits ``(N, L, V)`` to the caller's objective.
+  :func:`next_token_logits` copies the needed rows there and returns ``0 * sum(embeddings)``, whose
+  backward does not enter the model. The forward still runs with autograd on (activation memory
+  as in training): keep chunks small.
+* ``phi``: :func:`answer_logprob` through ``ctx.logprobs`` (no grad). Note the handle applies the
+  rollout temperature to these log-probs; the distributions above are raw logits (temperature 1,
+  as the fragment). Both agree at ``rollout.temperature = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+import torch
+
+from creditlab.interfaces import PolicyHandle
+from creditlab.types import RolloutBatch
+
+MODES = ("last", "answer_mean", "answer_joint")
+#: Modes whose read-out is a distribution (compared by KL); ``answer_joint`` reads a scalar.
+DIST_MODES = ("last", "answer_mean")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The outcome probe of one batch row.
+
+    Attributes:
+        row: Batch row.
+        ids: (N,) long, ``prompt + reasoning + cue (+ answer)``; ``N = cue_end + answer_len``.
+        reasoning_start: Index in ``ids`` of reasoning token 0 (= the prompt length).
+        n_reasoning: Reasoning tokens R; reasoning token k is response position k.
+        scored: (L,) long, the trained reasoning positions (``loss_mask`` 1), ascending; the
+            tokens whose importance is measured and reshaped.
+        cue_end: Index just after the cue in ``ids``.
+        answer_len: Answer tokens appended after the cue (0 in ``last`` mode).
+        mode: The effective mode (``last`` after a fallback).
+        marker_found: Whether the response holds the answer marker.
+        fallback: An answer mode was asked for but the answer is empty.
+    """
+
+    row: int
+    ids: torch.Tensor
+    reasoning_start: int
+    n_reasoning: int
+    scored: torch.Tensor
+    cue_end: int
+    answer_len: int
+    mode: str
+    marker_found: bool
+    fallback: bool
+
+    @property
+    def read_positions(self) -> list[int]:
+        """Logit positions the probe reads: the cue's last token, or those predicting the answer."""
+        if self.mode == "last":
+            return [self.cue_end - 1]
+        return list(range(self.cue_end - 1, self.cue_end - 1 + self.answer_len))
+
+
+def text_ids(text: str, ctx: PolicyHandle) -> tuple[int, ...]:
+    """Token ids of a cue or marker text: the tokenizer without special tokens, or, for a handle
+    without tokenizer (test fakes), its ``encode``."""
+    if not text:
+        return ()
+    tok = ctx.tokenizer
+    if tok is None:
+        return tuple(int(i) for i in ctx.encode(text))
+    return tuple(int(i) for i in tok(text, add_special_tokens=False)["input_ids"])
+
+
+def last_occurrence(seq: Sequence[int], pattern: Sequence[int]) -> int | None:
+    """Start of the last occurrence of ``pattern`` in ``seq`` (``None`` if absent or empty)."""
+    k = len(pattern)
+    if k == 0 or k > len(seq):
+        return None
+    pat = list(pattern)
+    for start in range(len(seq) - k, -1, -1):
+        if seq[start] == pat[0] and list(seq[start : start + k]) == pat:
+            return start
+    return None
+
+
+def build_probe(
+    batch: RolloutBatch,
+    row: int,
+    marker_ids: Sequence[int],
+    cue_ids: Sequence[int],
+    mode: str,
+    eos_id: int | None,
+) -> Probe:
+    """The probe of ``batch`` row ``row``.
+
+    Args:
+        batch: The rollout batch (``input_ids`` (B, P+T), ``attention_mask``, ``response_ids``
+            (B, T), ``response_mask``, ``loss_mask``).
+        row: Batch row.
+        marker_ids: Answer-marker token ids.
+        cue_ids: Conclude-cue token ids.
+        mode: One of :data:`MODES`.
+        eos_id: The tokenizer's EOS id, or ``None`` (then a row that finished with ``"eos"`` is
+            taken to end in its EOS token, as backends keep it in ``response_ids``).
+    """
+    p = batch.prompt_len
+    prompt = batch.input_ids[row, :p][batch.attention_mask[row, :p] > 0]
+    n = int(batch.response_mask[row].sum())
+    resp = batch.response_ids[row, :n]
+    finish = batch.trajectories[row].completion.finish_reason if batch.trajectories else ""
+    if n and finish == "eos" and (eos_id is None or int(resp[-1]) == eos_id):
+        n -= 1
+    body = resp[:n].tolist()
+    m = last_occurrence(body, marker_ids)
+    reasoning_end = n if m is None else m
+    answer = resp[m + len(marker_ids) : n] if m is not None else resp[:0]
+    eff, fallback = mode, False
+    if mode != "last" and answer.numel() == 0:
+        eff, fallback = "last", True
+    cue = torch.tensor(list(cue_ids), dtype=torch.long)
+    parts = [prompt, resp[:reasoning_end], cue] + ([answer] if eff != "last" else [])
+    ids = torch.cat(parts).long()
+    trained = batch.loss_mask[row, :reasoning_end] > 0
+    return Probe(
+        row=row,
+        ids=ids,
+        reasoning_start=int(prompt.numel()),
+        n_reasoning=reasoning_end,
+        scored=torch.nonzero(trained).flatten(),
+        cue_end=int(prompt.numel()) + reasoning_end + len(cue_ids),
+        answer_len=int(answer.numel()) if eff != "last" else 0,
+        mode=eff,
+        marker_found=m is not None,
+        fallback=fallback,
+    )
+
+
+def pad_right(seqs: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D id tensors.
+
+    Returns:
+        ``(input_ids, attention_mask)``, both (N, max length) long.
+    """
+    width = max(int(s.numel()) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : s.numel()] = s
+        mask[j, : s.numel()] = 1
+    return ids, mask
+
+
+def next_token_logits(
+    ctx: PolicyHandle,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """Mean raw logits over the given positions of each row, through ``ctx.input_gradients``.
+
+    Args:
+        input_ids: (N, L) long.
+        attention_mask: (N, L) long.
+        positions: N non-empty lists of positions (logits at position j predict token j + 1).
+
+    Returns:
+        (N, V) float64 (detached).
+    """
+    captured: dict[str, torch.Tensor] = {}
+
+    def objective(embeddings: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            captured["z"] = torch.stack(
+                [logits[j, list(pos)].double().mean(0) for j, pos in enumerate(positions)]
+            )
+        return (embeddings * 0).sum()
+
+    ctx.input_gradients(input_ids, attention_mask, objective)
+    return captured["z"].cpu()
+
+
+def answer_logprob(
+    ctx: PolicyHandle,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    starts: Sequence[int],
+    lengths: Sequence[int],
+) -> torch.Tensor:
+    """``phi``: mean log-prob of each row's answer tokens ``input_ids[j, start : start + length]``.
+
+    Returns:
+        (N,) float64.
+    """
+    lp = ctx.logprobs(input_ids, attention_mask).double().cpu()  # (N, L)
+    cols = torch.arange(lp.shape[1])[None]
+    start = torch.tensor(list(starts))[:, None]
+    length = torch.tensor(list(lengths), dtype=torch.float64)
+    sel = (cols >= start) & (cols < start + length[:, None].long())
+    return (lp * sel).sum(1) / length.clamp(min=1)
+
+
+def kl_from_logits(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """``KL(P || Q)`` per row from logits (N, V); float64, clamped at 0 (rounding)."""
+    lp = torch.log_softmax(p_logits.double(), -1)
+    lq = torch.log_softmax(q_logits.double(), -1)
+    return (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
+
+
+def probe_divergence(logits: torch.Tensor, probes: Sequence[Probe]) -> torch.Tensor:
+    """Differentiable ``J`` of OAR-G per row, with the teacher taken from the same logits.
+
+    ``last``/``answer_mean``: ``J = KL(P0 || P)`` with ``P0 = P.detach()``; ``answer_joint``:
+    ``J = phi.detach() - phi``. ``J`` is 0 at these logits; its gradient at a perturbed input is
+    what OAR-G reads.
+
+    Args:
+        logits: (N, L, V), row j from ``probes[j].ids`` (right-padded).
+        probes: N probes.
+
+    Returns:
+        (N,) float64.
+    """
+    out = []
+    for j, pr in enumerate(probes):
+        pos = pr.read_positions
+        rows = logits[j, pos].double()  # (K, V)
+        if pr.mode in DIST_MODES:
+            logq = torch.log_softmax(rows.mean(0), -1)
+            logp0 = logq.detach()
+            out.append((logp0.exp() * (logp0 - logq)).sum())
+        else:
+            target = pr.ids[pr.cue_end : pr.cue_end + pr.answer_len].to(logits.device)
+            phi = torch.log_softmax(rows, -1).gather(-1, target[:, None]).mean()
+            out.append(phi.detach() - phi)
+    return torch.stack(out)
+
