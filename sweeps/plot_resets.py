@@ -38,6 +38,9 @@ def main() -> None:
     for d in sorted(args.sweep_dir.iterdir()):
         m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
         if m and (d / "metrics.jsonl").exists():
+            if not (d / "summary.json").exists():  # written when a run finishes
+                print(f"skipping unfinished run {d.name}")
+                continue
             runs[m.group(1)][int(m.group(2))] = load(d)
     if not runs:
         raise SystemExit(f"no <method>-seed<k>/metrics.jsonl under {args.sweep_dir}")

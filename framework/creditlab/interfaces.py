@@ -82,17 +82,31 @@ class PolicyHandle(abc.ABC):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         objective: Any,
+        *,
+        embedding_offset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradient of a scalar objective with respect to the input embeddings.
+
+        The forward runs on ``E + embedding_offset`` (``E`` = the embeddings of ``input_ids``);
+        the objective and the returned gradient refer to the clean ``E``:
+        ``d objective(E, logits(E + offset)) / dE``. Without an offset the forward is on ``E``.
 
         Args:
             input_ids: (B, L) long.
             attention_mask: (B, L) long.
             objective: Callable ``(embeddings (B, L, D), logits (B, L, V)) -> scalar`` built by
-                the caller; it may perturb nothing (embeddings are passed for reference).
+                the caller; ``embeddings`` is the clean ``E`` (requires grad; passed for
+                reference), ``logits`` those of the forward on ``E + embedding_offset``.
+            embedding_offset: Optional (B, L, D) tensor added to the input embeddings before the
+                forward (e.g. noise); cast to their dtype and device; not differentiated.
+                ``None``: no offset.
 
         Returns:
-            ``(embeddings, gradients)``, both (B, L, D), detached.
+            ``(embeddings, gradients)``, both (B, L, D), detached: the clean ``E`` and
+            ``d objective / dE``.
+
+        Raises:
+            ValueError: ``embedding_offset`` is not of shape (B, L, D).
         """
 
     @abc.abstractmethod

@@ -93,6 +93,24 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """``embeddings + offset`` (the offset cast to their dtype and device, not differentiated), or
+    ``embeddings`` itself when ``offset`` is ``None``: the forward input of
+    :meth:`PolicyHandle.input_gradients`.
+
+    Raises:
+        ValueError: ``offset`` does not have the shape of ``embeddings``.
+    """
+    if offset is None:
+        return embeddings
+    if offset.shape != embeddings.shape:
+        raise ValueError(
+            f"embedding_offset must have the embeddings' shape {tuple(embeddings.shape)}; "
+            f"got {tuple(offset.shape)}"
+        )
+    return embeddings + offset.detach().to(embeddings)
+
+
 def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L, V) logits of a left/right padded batch."""
     out = model(
@@ -162,12 +180,17 @@ class ModelPolicyHandle(PolicyHandle):
         return out * attention_mask
 
     def input_gradients(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, objective: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        objective: Any,
+        *,
+        embedding_offset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         embeddings = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             logits = self.model(
-                inputs_embeds=embeddings,
+                inputs_embeds=offset_embeddings(embeddings, embedding_offset),
                 attention_mask=attention_mask,
                 position_ids=position_ids(attention_mask),
                 use_cache=False,

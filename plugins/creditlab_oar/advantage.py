@@ -21,23 +21,21 @@ whatever the weights). The token importance ``I_t`` comes from the outcome probe
   ``eps ~ N(0, sigma^2)`` on the reasoning-token embeddings, ``J = KL(P0 || P_noisy)`` or
   ``phi0 - phi_noisy``, and ``I_t = |sum_d dJ/dE_{t,d}(E + eps) * E_{t,d}|`` (E clean, as the code).
 
-  [ours] ``PolicyHandle.input_gradients`` runs the forward on the *clean* embeddings of
-  ``input_ids`` and cannot take a perturbed input, so the gradient at ``E + eps`` is taken to first
-  order in ``sigma``: the objective is ``J(E) + <grad J(E), eps>`` (teacher ``P0``/``phi0`` from the
-  same clean forward), whose gradient is ``grad J(E) + H(E) eps``, a Hessian-vector product (double
-  backward). In the KL modes ``grad J(E) = 0`` exactly, so ``I`` is driven by ``H eps`` as in the
-  paper; the neglected terms are O(sigma^2). Double backward needs an attention kernel that
-  supports it: the call runs under ``sdpa_kernel(MATH)`` (SDPA and eager models work; flash-
-  attention-2 models do not). A handle argument that perturbs the forward's embeddings would make
-  this exact in one forward and one backward (see docs/methods/oar.md).
+  Exact, in one clean pass and one noisy pass per chunk of rows: the clean teacher ``P0``
+  (mean logits, ``last``/``answer_mean`` rows only) is read without a backward through the model,
+  then ``PolicyHandle.input_gradients(..., embedding_offset=eps)`` runs the forward on ``E + eps``
+  and one backward gives ``dJ/dE`` there. ``answer_joint`` rows need no clean pass: ``phi0`` is a
+  constant and ``J = -phi_noisy`` has the same gradient. [ours] ``sigma = 0`` (``answer_joint``
+  only): no noise, the plain input gradient of ``-phi`` (one forward, one backward); rows that
+  fell back to ``last`` get importance 0 (the gradient of ``KL(P0 || P)`` vanishes at
+  ``P = P0``), hence weight 1, and are not sent to the policy.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +54,7 @@ from creditlab_oar.probe import (
     next_token_logits,
     pad_right,
     probe_divergence,
+    probe_readout,
     text_ids,
 )
 from creditlab_oar.reshape import NEGATIVE_OPTIONS, reshape_weights
@@ -308,18 +307,6 @@ class OARPAdvantage(_OARAdvantage):
         return scores
 
 
-@contextlib.contextmanager
-def _double_backward_attention() -> Iterator[None]:
-    """Scaled-dot-product attention through its composite (double-differentiable) kernel."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # pragma: no cover - torch < 2.3
-        yield
-        return
-    with sdpa_kernel([SDPBackend.MATH]):
-        yield
-
-
 def reasoning_noise(
     probes: Sequence[Probe], embeddings: torch.Tensor, sigma: float, generator: torch.Generator
 ) -> torch.Tensor:
@@ -350,7 +337,8 @@ class OARGAdvantage(_OARAdvantage):
     class Config(OARConfig):
         """Attributes: as :class:`OARConfig` (``mode`` defaults to ``answer_mean``, the code's
         default for this variant; ``chunk_size`` = rows per gradient call, 0 = all), plus
-        sigma: Std of the Gaussian embedding noise (the code's 1e-3); must be > 0 in the KL modes.
+        sigma: Std of the Gaussian embedding noise (the code's 1e-3); must be > 0 in the KL modes;
+            0 in ``answer_joint`` = the plain input gradient (fallback rows keep weight 1).
         """
 
         mode: str = "answer_mean"
@@ -368,32 +356,71 @@ class OARGAdvantage(_OARAdvantage):
         cfg = self.config
         pad = self._pad_id(ctx)
         out: list[torch.Tensor] = []
+        template: torch.Tensor | None = None  # embeddings of some pass: width, dtype, device
         step = cfg.chunk_size or len(probes)
         for s in range(0, len(probes), step):
             chunk = list(probes[s : s + step])
-            ids, att = pad_right([p.ids for p in chunk], pad)
-            self._add("probe_forwards", len(chunk))
+            scores = [torch.zeros(p.scored.numel(), dtype=torch.float64) for p in chunk]
+            # sigma = 0 (answer_joint only): fallback (KL) rows have zero gradient; skip them.
+            live = [j for j, p in enumerate(chunk) if cfg.sigma > 0 or p.mode not in DIST_MODES]
+            sub = [chunk[j] for j in live]
+            if not sub:
+                out.extend(scores)
+                continue
+            ids, att = pad_right([p.ids for p in sub], pad)
+            teachers: list[torch.Tensor | None] = [None] * len(sub)
+            noise = None
+            if cfg.sigma > 0:
+                dist = [j for j, p in enumerate(sub) if p.mode in DIST_MODES]
+                if dist:
+                    rows = torch.tensor(dist)  # the noisy pass's padding, for the same numerics
+                    template, clean = self._clean_readout(
+                        [sub[j] for j in dist], ids[rows], att[rows], ctx
+                    )
+                    for j, z in zip(dist, clean):
+                        teachers[j] = z
+                elif template is None:
+                    template = self._embedding_template(ids, att, ctx)
+                shape = (*ids.shape, template.shape[-1])
+                noise = reasoning_noise(sub, template.new_zeros(shape), cfg.sigma, ctx.rng)
+
+            def objective(emb: torch.Tensor, logits: torch.Tensor, sub=sub, teachers=teachers):
+                return probe_divergence(logits, sub, teachers).sum()  # at E + eps
+
+            self._add("probe_forwards", len(sub))
             self._add("probe_tokens", float(att.sum()))
-
-            def objective(emb: torch.Tensor, logits: torch.Tensor, chunk=chunk) -> torch.Tensor:
-                total = probe_divergence(logits, chunk).sum()  # J(E), 0 at these embeddings
-                if cfg.sigma == 0:  # answer_joint only: the plain input gradient
-                    return total
-                noise = reasoning_noise(chunk, emb, cfg.sigma, ctx.rng)
-                (g,) = torch.autograd.grad(total, emb, create_graph=True)
-                return total + (g.double() * noise.double()).sum()  # grad: dJ + H eps
-
-            try:
-                with _double_backward_attention():
-                    emb, grad = ctx.input_gradients(ids, att, objective)
-            except RuntimeError as exc:
-                if "not implemented" not in str(exc):
-                    raise
-                raise RuntimeError(
-                    "OAR-G differentiates the policy twice (gradient at the noisy embeddings to "
-                    "first order in sigma) and the model's attention kernel has no double "
-                    f"backward ({exc}). Load the model with attn_implementation='sdpa' or 'eager'."
-                ) from exc
-            saliency = (grad.double() * emb.double()).sum(-1).abs().cpu()  # (N, L)
-            out.extend(saliency[j, p.reasoning_start + p.scored] for j, p in enumerate(chunk))
+            emb, grad = ctx.input_gradients(ids, att, objective, embedding_offset=noise)
+            saliency = (grad.double() * emb.double()).sum(-1).abs().cpu()  # (N, L), E clean
+            for k, (j, p) in enumerate(zip(live, sub)):
+                scores[j] = saliency[k, p.reasoning_start + p.scored]
+            out.extend(scores)
         return out
+
+    def _clean_readout(
+        self, probes: Sequence[Probe], ids: torch.Tensor, att: torch.Tensor, ctx: PolicyHandle
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The clean pass over ``ids``/``att`` (N, L) (row j from ``probes[j]``):
+        ``(embeddings (N, L, D), teachers)``, the mean logits (V,) of each probe at its clean
+        embeddings, detached. Runs through ``input_gradients`` with an objective (``0 * sum(E)``)
+        whose backward does not enter the model."""
+        captured: list[torch.Tensor] = []
+
+        def objective(emb: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                captured.extend(probe_readout(logits, probes))
+            return (emb * 0).sum()
+
+        self._add("probe_forwards", len(probes))
+        self._add("probe_tokens", float(att.sum()))
+        emb, _ = ctx.input_gradients(ids, att, objective)
+        return emb, captured
+
+    def _embedding_template(
+        self, ids: torch.Tensor, att: torch.Tensor, ctx: PolicyHandle
+    ) -> torch.Tensor:
+        """(1, 1, D) embeddings of one token: the width, dtype and device the noise needs when no
+        clean pass ran (``answer_joint``); one one-token forward."""
+        self._add("probe_forwards", 1)
+        self._add("probe_tokens", 1.0)
+        emb, _ = ctx.input_gradients(ids[:1, :1], att[:1, :1], lambda e, _logits: (e * 0).sum())
+        return emb

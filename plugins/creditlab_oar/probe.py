@@ -25,7 +25,8 @@ Modes (what the probe reads):
 Rows whose answer is empty (no marker, or nothing after it) fall back from the answer modes to
 ``last`` (counted by the estimators).
 
-Read-outs through :class:`~creditlab.interfaces.PolicyHandle` (no method was added to the core):
+Read-outs through :class:`~creditlab.interfaces.PolicyHandle` (no method was added to the core;
+OAR-G's noisy forward uses the ``embedding_offset`` keyword of ``input_gradients``):
 
 * distributions: the handle has no method returning next-token distributions, but
   ``ctx.input_gradients`` hands the logits ``(N, L, V)`` to the caller's objective.
@@ -234,31 +235,49 @@ def kl_from_logits(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tens
     return (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)
 
 
-def probe_divergence(logits: torch.Tensor, probes: Sequence[Probe]) -> torch.Tensor:
-    """Differentiable ``J`` of OAR-G per row, with the teacher taken from the same logits.
-
-    ``last``/``answer_mean``: ``J = KL(P0 || P)`` with ``P0 = P.detach()``; ``answer_joint``:
-    ``J = phi.detach() - phi``. ``J`` is 0 at these logits; its gradient at a perturbed input is
-    what OAR-G reads.
+def probe_readout(logits: torch.Tensor, probes: Sequence[Probe]) -> list[torch.Tensor]:
+    """What each probe reads, differentiable: for ``last``/``answer_mean`` the mean logits over
+    :attr:`Probe.read_positions` ((V,) float64), for ``answer_joint`` ``phi`` (a float64 scalar).
 
     Args:
         logits: (N, L, V), row j from ``probes[j].ids`` (right-padded).
         probes: N probes.
+    """
+    out = []
+    for j, pr in enumerate(probes):
+        rows = logits[j, pr.read_positions].double()  # (K, V)
+        if pr.mode in DIST_MODES:
+            out.append(rows.mean(0))
+        else:
+            target = pr.ids[pr.cue_end : pr.cue_end + pr.answer_len].to(logits.device)
+            out.append(torch.log_softmax(rows, -1).gather(-1, target[:, None]).mean())
+    return out
+
+
+def probe_divergence(
+    logits: torch.Tensor, probes: Sequence[Probe], teachers: Sequence[torch.Tensor | None]
+) -> torch.Tensor:
+    """Differentiable ``J`` of OAR-G per row, at the (noisy) ``logits`` against clean teachers.
+
+    ``last``/``answer_mean``: ``J = KL(P0 || P)``, ``P0 = softmax(teachers[j])`` (the clean mean
+    logits of :func:`probe_readout`, no grad), ``P`` from ``logits``. ``answer_joint``:
+    ``J = -phi``, i.e. ``phi0 - phi`` up to the constant ``phi0``, which does not change the
+    gradient and is not needed (``teachers[j]`` is ignored, may be ``None``).
+
+    Args:
+        logits: (N, L, V), row j from ``probes[j].ids`` (right-padded).
+        probes: N probes.
+        teachers: N entries: (V,) clean mean logits for the distribution modes.
 
     Returns:
         (N,) float64.
     """
     out = []
-    for j, pr in enumerate(probes):
-        pos = pr.read_positions
-        rows = logits[j, pos].double()  # (K, V)
+    for pr, read, teacher in zip(probes, probe_readout(logits, probes), teachers):
         if pr.mode in DIST_MODES:
-            logq = torch.log_softmax(rows.mean(0), -1)
-            logp0 = logq.detach()
+            logq = torch.log_softmax(read, -1)
+            logp0 = torch.log_softmax(teacher.detach().double().to(read.device), -1)
             out.append((logp0.exp() * (logp0 - logq)).sum())
         else:
-            target = pr.ids[pr.cue_end : pr.cue_end + pr.answer_len].to(logits.device)
-            phi = torch.log_softmax(rows, -1).gather(-1, target[:, None]).mean()
-            out.append(phi.detach() - phi)
+            out.append(-read)
     return torch.stack(out)
-

@@ -237,7 +237,7 @@ def test_oar_p_chunking_does_not_change_importance(model_tok):
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-# -- OAR-G against finite differences ------------------------------------------------------------
+# -- OAR-G against brute force and finite differences -------------------------------------------
 def _oar_g_setup(model, tok, mode, sigma, seed=5):
     batch = collate([_traj(tok, "2*7=14</thought>14+5=", "19}</thought>", 1.0),
                      _traj(tok, "2*7=15</thought>15+5=", "20}", 0.0)], tok.pad_token_id)
@@ -252,7 +252,7 @@ def _oar_g_setup(model, tok, mode, sigma, seed=5):
         clean = model(inputs_embeds=e0, attention_mask=att, position_ids=position_ids(att)).logits
 
     def objective(emb):
-        """J(E) summed over rows, teacher from the clean forward (no grad)."""
+        """J at input embeddings ``emb``, summed over rows, teacher from the clean forward."""
         logits = model(inputs_embeds=emb, attention_mask=att, position_ids=position_ids(att)).logits
         total = torch.zeros((), dtype=torch.float64)
         for j, p in enumerate(probes):
@@ -266,7 +266,7 @@ def _oar_g_setup(model, tok, mode, sigma, seed=5):
                 total = total + _kl(clean[j, pos].mean(0), logits[j, pos].mean(0))
         return total
 
-    return imp, probes, e0, noise, objective
+    return imp, probes, e0, noise, objective, est
 
 
 def _rms_norm64(self, x):
@@ -286,49 +286,63 @@ def model64():
     return model, tok
 
 
+SIGMA = OARGAdvantage.Config().sigma  # the default, the code's 1e-3
+
+
+@pytest.mark.parametrize("mode", ["last", "answer_mean", "answer_joint"])
+def test_oar_g_is_the_exact_noisy_gradient(model64, mode):
+    """The paper's I_t = |<dJ/dE (E + eps), E_t>| at the default sigma, against a hand forward on
+    inputs_embeds = E + eps and autograd (float64 model: equal to rounding)."""
+    model, tok = model64
+    imp, probes, e0, noise, J, est = _oar_g_setup(model, tok, mode, SIGMA)
+    assert SIGMA == 1e-3
+    e = (e0 + noise).requires_grad_(True)
+    (grad,) = torch.autograd.grad(J(e), e)
+    exact = (grad * e0).sum(-1).abs()
+    for j, p in enumerate(probes):
+        got, want = imp[p.row, p.scored].double(), exact[j, p.reasoning_start + p.scored]
+        assert want.max() > 1e-6  # the noise does move the read-out
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12)  # I is stored as float32
+    # one noisy pass over both rows, plus a clean pass (KL modes) or a one-token pass
+    assert est.metrics()["probe_forwards"] == (4 if mode != "answer_joint" else 3)
+
+
 @pytest.mark.parametrize("mode", ["last", "answer_joint"])
 def test_oar_g_gradient_times_input_matches_finite_differences(model64, mode):
-    """What OAR-G computes, |<grad J(E) + H(E) eps, E_t>|, by central (mixed) differences of J."""
+    """What OAR-G computes, |<dJ/dE (E + eps), E_t>|, by central differences of J at E + eps along
+    E_t (a step far below the noise, so the difference resolves the noise-driven gradient)."""
     model, tok = model64
-    imp, probes, e0, noise, J = _oar_g_setup(model, tok, mode, 1e-3)
-    k, h = 1e-4, 0.01  # steps along E_t and along the noise (h = 1 would add an O(sigma^2) bias)
+    imp, probes, e0, noise, J, _ = _oar_g_setup(model, tok, mode, SIGMA)
+    k = 1e-5
     with torch.no_grad():
         for j, p in enumerate(probes):
             for t in p.scored.tolist()[::3]:
                 pos = p.reasoning_start + t
                 d = torch.zeros_like(e0)
                 d[j, pos] = e0[j, pos]
-                f = lambda a, b: float(J(e0 + a * h * noise + b * k * d))  # noqa: E731
-                first = (f(0, 1) - f(0, -1)) / (2 * k)
-                second = (f(1, 1) - f(1, -1) - f(-1, 1) + f(-1, -1)) / (4 * k * h)
-                want = abs(first + second)
+                want = abs(float(J(e0 + noise + k * d)) - float(J(e0 + noise - k * d))) / (2 * k)
                 got = float(imp[p.row, t])
                 assert abs(got - want) <= 1e-4 * want + 1e-12, (t, got, want)
 
 
-@pytest.mark.parametrize("mode", ["last", "answer_mean", "answer_joint"])
-def test_oar_g_approaches_the_noisy_gradient_as_sigma_shrinks(model64, mode):
-    """The paper's |<dJ/dE (E + eps), E_t>| (exact noisy forward): OAR-G's first-order version is
-    within O(sigma) of it (answer_joint: O(sigma^2))."""
+def test_oar_g_sigma_zero_is_the_plain_input_gradient(model64, model_tok):
     model, tok = model64
-    imp, probes, e0, noise, J = _oar_g_setup(model, tok, mode, 1e-4)
-    e = (e0 + noise).requires_grad_(True)
-    (grad,) = torch.autograd.grad(J(e), e)
-    exact = (grad * e0).sum(-1).abs()
-    for j, p in enumerate(probes):
-        got, want = imp[p.row, p.scored].double(), exact[j, p.reasoning_start + p.scored]
-        assert (got - want).abs().max() <= 0.05 * want.abs().max()
-
-
-def test_oar_g_sigma_zero_is_the_plain_input_gradient(model64):
-    model, tok = model64
-    imp, probes, e0, _, J = _oar_g_setup(model, tok, "answer_joint", 0.0)
+    imp, probes, e0, _, J, est = _oar_g_setup(model, tok, "answer_joint", 0.0)
     e = e0.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(J(e), e)
     want = (grad * e0).sum(-1).abs()
     for j, p in enumerate(probes):
         got = imp[p.row, p.scored].double()
-        torch.testing.assert_close(got, want[j, p.reasoning_start + p.scored], rtol=1e-5, atol=1e-9)
+        want_j = want[j, p.reasoning_start + p.scored]
+        torch.testing.assert_close(got, want_j, rtol=1e-6, atol=1e-12)
+    assert est.metrics()["probe_forwards"] == 2  # no clean pass
+    # a row that falls back to ``last`` has zero gradient at sigma = 0: importance 0, weight 1,
+    # and is not sent to the policy
+    batch = _batch(model_tok[1])
+    est = OARGAdvantage(OARGAdvantage.Config(mode="answer_joint", sigma=0.0))
+    imp, reasoning = est.importance(batch, _ctx(*model_tok), rows=[0, 2])
+    assert reasoning[2].any() and (imp[2] == 0).all() and (imp[0][reasoning[0]] > 0).any()
+    assert est.metrics()["probe_forwards"] == 1
 
 
 # -- the estimators ------------------------------------------------------------------------------

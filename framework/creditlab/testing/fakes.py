@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from creditlab.interfaces import PolicyHandle
+from creditlab.policy import offset_embeddings
 from creditlab.rollout import collate
 from creditlab.types import Completion, GenerationRequest, Problem, RolloutBatch, SamplingParams, Trajectory
 
@@ -120,10 +121,19 @@ class FakePolicyHandle(PolicyHandle):
         out[:, 1:] = logp[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
         return out * attention_mask
 
-    def input_gradients(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, objective: Any):
+    def input_gradients(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        objective: Any,
+        *,
+        embedding_offset: torch.Tensor | None = None,
+    ):
+        """Logits ``logits_fn(ids) + sum_d (E + embedding_offset)_d``; gradient w.r.t. clean E."""
         emb = self.embedding(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
-            logits = self.logits_fn(input_ids).float() + emb.sum(-1, keepdim=True)
+            inputs = offset_embeddings(emb, embedding_offset)
+            logits = self.logits_fn(input_ids).float() + inputs.sum(-1, keepdim=True)
             (grad,) = torch.autograd.grad(objective(emb, logits), emb)
         return emb.detach(), grad.detach()
 
