@@ -61,14 +61,18 @@ def test_dr_grpo_preset_runs(tmp_path):
     assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
 
 
-@pytest.mark.parametrize("method", ["rrpo", "srpo", "srpo_oracle", "vineppo"])
-def test_reset_and_value_presets_run(tmp_path, method):
-    extra = ["advantage.rollouts=2"] if method == "vineppo" else ["reset_selector.max_new_tokens=8"] if method == "srpo" else []
+EXTRA = {"vineppo": ["advantage.rollouts=2"], "srpo": ["reset_selector.max_new_tokens=8"]}
+
+
+@pytest.mark.parametrize("method", ["rrpo", "srpo", "srpo_oracle", "vineppo", "rredcot", "oar_p", "oar_g"])
+def test_method_presets_run(tmp_path, method):
+    extra = EXTRA.get(method, [])
     _train(tmp_path, f"method={method}", "trainer.max_steps=1", "eval.every=0", *extra)
     row = read_metrics(tmp_path / "metrics.jsonl")[-1]
     assert row["step"] == 1 and "train/loss" in row
     assert row["train/tokens_generated"] >= row["train/rows"]  # seeds / value rollouts included
-    if method != "vineppo":
+    assert "train/credit/scored" in row or row["train/reward/mean"] == 1.0  # arith has an oracle
+    if method in ("rrpo", "srpo", "srpo_oracle"):
         assert row["train/rows"] == 4 * 4  # equal trained completions per prompt
         assert 0.0 <= row["train/rollout/reset/fallback_rate"] <= 1.0
     if method == "srpo_oracle":
