@@ -86,14 +86,15 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for method, seeds in runs.items():
+    for i, (method, seeds) in enumerate(runs.items()):
+        color = f"C{i}"
         for ax, x in zip(axes[:2], ("tokens/trained", "tokens/generated")):
             curves = [curve(rows, x) for rows in seeds.values()]
             n = min(len(c) for c in curves)
             xs = [statistics.fmean(c[i][0] for c in curves) for i in range(n)]
             ys = [mean_se([c[i][1] for c in curves]) for i in range(n)]
-            line = ax.plot(xs, [y for y, _ in ys], marker="o", label=method)[0]
-            ax.fill_between(xs, [y - se for y, se in ys], [y + se for y, se in ys], alpha=0.15, color=line.get_color())
+            ax.plot(xs, [y for y, _ in ys], marker="o", label=method, color=color)
+            ax.fill_between(xs, [y - se for y, se in ys], [y + se for y, se in ys], alpha=0.15, color=color)
         steps = defaultdict(list)
         for rows in seeds.values():
             for r in rows:
@@ -101,7 +102,7 @@ def main() -> None:
                     steps[r["step"]].append(r["train/rollout/reset/oracle_exact"])
         if steps:
             xs = sorted(steps)
-            axes[2].plot(xs, [statistics.fmean(steps[s]) for s in xs], label=method, alpha=0.8)
+            axes[2].plot(xs, [statistics.fmean(steps[s]) for s in xs], label=method, alpha=0.8, color=color)
     for ax, title in zip(axes, ("held-out greedy pass@1 vs trained tokens", "... vs all generated tokens", "reset at the oracle's first wrong thought (rate)")):
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
