@@ -14,7 +14,11 @@ from typing import Any
 
 from creditlab.registry import REGISTRIES, ConfigError, RegistryError, closest
 
-HYDRA_FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd"}
+HYDRA_FLAGS_WITH_VALUE = {
+    "--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
+    "--package", "-p", "--experimental-rerun",
+}
+INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
 def _error(message: str) -> None:
@@ -112,22 +116,27 @@ def check(overrides: list[str]) -> Any:
 
 def train(argv: list[str]) -> None:
     """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``)."""
-    overrides, skip = [], False
+    overrides, skip, first = [], False, None
     for i, arg in enumerate(argv):
         if skip:
             skip = False
             continue
         if arg in HYDRA_FLAGS_WITH_VALUE:
             skip = True
+        elif arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_VALUES:
+            skip = True
         elif not arg.startswith("-"):
             overrides.append(arg)
+            first = i if first is None else first
     if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
         check(overrides)
     from creditlab.hydra_main import main as hydra_main
 
     from creditlab.hydra_plugins import searchpath_override
 
-    sys.argv = ["creditlab train", *searchpath_override(), *argv]
+    # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides.
+    at = first if first is not None else len(argv)
+    sys.argv = ["creditlab train", *argv[:at], *searchpath_override(), *argv[at:]]
     hydra_main()
 
 
