@@ -136,7 +136,7 @@ class SelfLocalizeResetSelector(ResetSelector):
     """SRPO (arXiv 2605.25507): the current policy localizes the first wrong thought of the seed.
 
     One ``ctx.generate`` call serves every seed of :meth:`select_many`: request i is
-    ``ctx.encode(localization_prompt(problem_i, thoughts_i))`` (no reset prefix), sampled with
+    ``ctx.encode(template(problem_i, thoughts_i))`` (``paper`` or ``compact``) (no reset prefix), sampled with
     this config (one seed drawn from ``ctx.rng``, no stop strings, as the official code). Each
     answer is parsed with :func:`~creditlab_resets.localize.parse_localization` into N, and the
     reset point is ``N - 1``. Localization tokens are returned to nobody, so never trained on.
