@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from creditlab.fused import dynamic_rope, shared_prompt_logits
+from creditlab.fused import supported as fused_supported
+
 try:  # transformers >= 4.56: per-layer cache objects
     from transformers.cache_utils import DynamicLayer
 except ImportError:  # pragma: no cover - older transformers: no sharing, plain forward only
@@ -127,6 +130,7 @@ def response_logits(
     attention_mask: torch.Tensor,
     prompt_len: int,
     share_prompts: bool = True,
+    fused: bool = True,
 ) -> torch.Tensor:
     """(b, T, V) float logits predicting each response token of a prompt/response batch.
 
@@ -136,8 +140,9 @@ def response_logits(
     once; the last column, whose logits predict nothing, is never run. Falls back to the plain
     full forward when no prompt repeats, when the prompt or the response is empty, when the model
     does not take ``logits_to_keep``, when its cache is not a plain full-attention
-    ``DynamicCache``, under gradient checkpointing, or when dropout is active (rows sharing a
-    prompt pass would share its dropout mask).
+    ``DynamicCache``, under gradient checkpointing, when dropout is active (rows sharing a
+    prompt pass would share its dropout mask), or when its RoPE is dynamic (its frequencies
+    depend on the longest position of the call).
 
     Args:
         model: A ``transformers`` causal LM.
@@ -145,16 +150,24 @@ def response_logits(
         attention_mask: (b, P+T), 1 on real tokens.
         prompt_len: P.
         share_prompts: Run each distinct prompt once (``False``: always the plain forward).
+        fused: For a model that :func:`creditlab.fused.supported` accepts, run the shared-prompt
+            path with :func:`creditlab.fused.shared_prompt_logits` (the same computation from the
+            model's parameters, with hand-written RMSNorm and rotary backward passes; equal up to
+            float rounding) instead of the model's modules.
     """
     p = int(prompt_len)
     t = input_ids.shape[1] - p
     keep = accepts_logits_to_keep(model)
     if not share_prompts or p < 1 or t < 1 or input_ids.shape[0] < 2 or not keep:
         return _plain(model, input_ids, attention_mask, p, keep).float()
+    if dynamic_rope(model):  # a prompt run alone would get other RoPE frequencies
+        return _plain(model, input_ids, attention_mask, p, keep).float()
     key = torch.cat([input_ids[:, :p], attention_mask[:, :p].to(input_ids.dtype)], dim=1)
     first, inverse = unique_rows(key)
     if len(first) == input_ids.shape[0] or _unshareable_mode(model):
         return _plain(model, input_ids, attention_mask, p, keep).float()
+    if fused and t >= 2 and fused_supported(model):
+        return shared_prompt_logits(model, input_ids, attention_mask, p, first, inverse)
     cache = _shared_prompt_cache(model)
     if cache is None:
         return _plain(model, input_ids, attention_mask, p, keep).float()

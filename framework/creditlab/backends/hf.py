@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from creditlab.fused import FusedDecoder
 from creditlab.forward import accepts_logits_to_keep
 from creditlab.registry import InputError
 from creditlab.interfaces import GenerationBackend
@@ -114,13 +115,21 @@ if DynamicLayer is not None:
             return self.length
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep (or repeat) the rows ``indices``; only the filled columns are copied."""
             if self.is_initialized:
-                self._k, self._v = self._k[indices], self._v[indices]
+                self._k, self._v = self._select(self._k, indices), self._select(self._v, indices)
                 self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+        def _select(self, buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+            out = buf.new_empty((len(indices), *buf.shape[1:]))
+            torch.index_select(buf[:, :, : self.length], 0, indices, out=out[:, :, : self.length])
+            return out
 
 
 #: Cache layer types whose rows ``batch_select_indices`` can copy exactly (shared prefill).
 _GATHERABLE_LAYERS: tuple[type, ...] = ()
+#: Cache layer types holding every key/value of their rows (what the fused steps take over).
+_FULL_ATTENTION_LAYERS: tuple[type, ...] = ()
 if DynamicLayer is not None:
     import transformers.cache_utils as _cache_utils
 
@@ -128,6 +137,7 @@ if DynamicLayer is not None:
     _GATHERABLE_LAYERS = tuple(
         t for t in (DynamicLayer, _sliding, PreallocatedLayer) if t is not None
     )
+    _FULL_ATTENTION_LAYERS = (DynamicLayer, PreallocatedLayer)
 
 
 def sample_tokens(
@@ -204,6 +214,17 @@ class HFBackend(GenerationBackend):
             otherwise every row is prefilled). Sampling is unchanged: the same RNG draws in the
             same order, on the same logits per row up to float rounding (the prefill runs with
             fewer rows).
+        fused_decode: Run the one-token decoding steps of a supported model (Llama, Qwen2; see
+            :class:`creditlab.fused.FusedDecoder`) straight from its parameters with about half
+            the ops of its forward. Same logits up to float rounding; any other model (or
+            ``use_cache=False``) runs its own forward.
+        fused_shared_context_min: With ``fused_decode``, rows that share a context of at least
+            this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
+            per group at every step; shorter contexts are copied to every row (two matrix
+            products less per layer and step, which is cheaper when the context is short).
+        fused_copy_budget_mb: The fused steps concatenate and transpose the projection weights
+            into copies (made once per ``generate`` call) when these take at most this many MB;
+            above it they read the module weights in place (a little slower).
         """
 
         max_batch_size: int = 256
@@ -211,6 +232,9 @@ class HFBackend(GenerationBackend):
         compact_fraction: float = 0.25
         preallocate_kv: bool = True
         share_prefill: bool = True
+        fused_decode: bool = True
+        fused_copy_budget_mb: float = 512.0
+        fused_shared_context_min: int = 32
 
     def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer)
@@ -222,6 +246,7 @@ class HFBackend(GenerationBackend):
         self.last_effective: dict = {}
         self._keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+        self._fused: FusedDecoder | None = None
 
     # ----------------------------------------------------------------------------- public API
     def generate(
@@ -264,12 +289,16 @@ class HFBackend(GenerationBackend):
             order.sort(key=lambda i: len(requests[i].prompt_ids) + len(requests[i].prefix_ids))
         try:
             with torch.inference_mode():
+                self._fused = None  # the fused steps' decoder, with this call's weights
+                if self.config.fused_decode and self.config.use_cache and plan.max_new_tokens > 1:
+                    self._fused = FusedDecoder.build(self.model, self.config.fused_copy_budget_mb)
                 for lo in range(0, len(order), bs):
                     idx = order[lo : lo + bs]
                     outs = self._generate_batch([requests[i] for i in idx], plan, gen)
                     for i, c in zip(idx, outs):
                         results[i] = c
         finally:
+            self._fused = None  # drop the weight copies
             for module, mode in modes:
                 module.training = mode
         self._stats["seconds"] += time.perf_counter() - start
@@ -356,6 +385,12 @@ class HFBackend(GenerationBackend):
         return (first, inverse) if len(first) < len(contexts) else None
 
     @staticmethod
+    def _plain_kv(cache) -> bool:
+        """Whether every cache layer holds exactly the full keys/values of its rows."""
+        layers = getattr(cache, "layers", None)
+        return bool(layers) and all(type(layer) in _FULL_ATTENTION_LAYERS for layer in layers)
+
+    @staticmethod
     def _gatherable(cache) -> bool:
         """Whether ``cache.batch_select_indices`` copies whole rows: every layer's per-row state
         is its keys/values (full-attention, sliding-window or preallocated layers; not quantized,
@@ -426,9 +461,12 @@ class HFBackend(GenerationBackend):
         n, max_new, pad = len(contexts), plan.max_new_tokens, plan.pad_token_id
         width = max(len(c) for c in contexts)
         ids = torch.tensor([(pad,) * (width - len(c)) + c for c in contexts], device=device)
-        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
-        mask = mask.to(device)
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        # The attention mask of every step, preallocated: step s >= 1 reads columns [0, width + s)
+        # (left padding, then one column per generated token).
+        mask = torch.ones((n, width + max_new), dtype=torch.long, device=device)
+        mask[:, :width] = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        pos = (mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        has_pad = any(len(c) < width for c in contexts)
         last_pos = pos[:, -1].clone()  # (A,) position of each row's latest token
         rows = torch.arange(n, device=device)  # batch row -> request row
         alive = torch.ones(n, dtype=torch.bool, device=device)
@@ -438,28 +476,42 @@ class HFBackend(GenerationBackend):
         shared = None
         if use_cache and self.config.share_prefill and self._gatherable(cache):
             shared = self._shared_contexts(contexts)
+        all_alive = True
+        fused = self._fused if use_cache and max_new > 1 else None
         feed_ids, feed_pos = ids, pos
         for step in range(max_new):
-            if step == 0 and shared is not None:
-                # Prefill each distinct context once, then copy its cache rows and last logits
+            cols = width + step
+            if step == 0 and (shared is not None or fused is not None):
+                # Prefill each distinct context once, then give its cache rows and last logits
                 # to the rows that share it: every row sees the logits it would have computed.
-                first = torch.tensor(shared[0], device=device)
-                inverse = torch.tensor(shared[1], device=device)
+                # The fused steps keep one copy of each context's keys/values (and read it once
+                # per group); otherwise the cache rows are copied to every row.
+                first, inverse = shared if shared is not None else (range(n), range(n))
+                first = torch.tensor(first, device=device)
+                inverse = torch.tensor(inverse, device=device)
                 out = self.model(
                     input_ids=ids[first],
-                    attention_mask=mask[first],
+                    attention_mask=mask[first, :cols],
                     position_ids=pos[first],
                     past_key_values=cache,
                     use_cache=True,
                     **self._keep,
                 )
                 cache = out.past_key_values
-                cache.batch_select_indices(inverse)
                 logits = out.logits[:, -1, :][inverse]
+                if fused is not None and self._plain_kv(cache):
+                    fused.start(cache, inverse, mask[first, :width].bool() if has_pad else None,
+                                max_new - 1, self.config.fused_shared_context_min)
+                    cache = None  # the fused steps own the keys/values from here
+                else:
+                    fused = None
+                    cache.batch_select_indices(inverse)
+            elif fused is not None:
+                logits = fused.step(feed_ids[:, 0], feed_pos[:, 0])
             else:
                 out = self.model(
                     input_ids=feed_ids,
-                    attention_mask=mask,
+                    attention_mask=mask[:, :cols],
                     position_ids=feed_pos,
                     past_key_values=cache,
                     use_cache=use_cache,
@@ -469,15 +521,21 @@ class HFBackend(GenerationBackend):
                     cache = out.past_key_values
                 logits = out.logits[:, -1, :]
             tok, logp = sample_tokens(logits.float(), plan, gen)
-            live = rows[alive]
-            out_tokens[live.cpu(), step] = tok[alive].cpu()
-            out_logp[live.cpu(), step] = logp[alive].cpu()
+            if all_alive:
+                live = rows.cpu()
+                out_tokens[live, step] = tok.cpu()
+                out_logp[live, step] = logp.cpu()
+            else:
+                live = rows[alive].cpu()
+                out_tokens[live, step] = tok[alive].cpu()
+                out_logp[live, step] = logp[alive].cpu()
 
             is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
             is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None
             if plan.stop_texts:
                 text_hit = torch.zeros_like(alive)
-                text_hit[alive] = self._text_stop(plan, out_tokens, live.cpu(), step + 1).to(device)
+                hits = self._text_stop(plan, out_tokens, rows[alive].cpu(), step + 1)
+                text_hit[alive] = hits.to(device)
                 is_stop = text_hit if is_stop is None else is_stop | text_hit
             ended = torch.zeros_like(alive)
             for flag, reason in ((is_eos, "eos"), (is_stop, "stop")):
@@ -491,16 +549,19 @@ class HFBackend(GenerationBackend):
             n_dead = len(rows) - int(alive.sum())
             if n_dead == len(rows) or step + 1 == max_new:
                 return  # rows still alive keep length max_new and reason "length"
+            all_alive = n_dead == 0
             if n_dead and n_dead >= self.config.compact_fraction * len(rows):
+                all_alive = True
                 keep = alive.nonzero().squeeze(1)
                 rows, alive, tok = rows[keep], alive[keep], tok[keep]
                 mask, last_pos = mask[keep], last_pos[keep]
-                if use_cache:
+                if fused is not None:
+                    fused.select(keep)
+                elif use_cache:
                     cache.batch_select_indices(keep)
                 else:
                     ids, pos = ids[keep], pos[keep]
             last_pos = last_pos + 1
-            mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
             if use_cache:
                 feed_ids, feed_pos = tok[:, None], last_pos[:, None]
             else:

@@ -1,0 +1,632 @@
+"""Llama-architecture forward passes computed straight from the model's parameters, with fewer ops.
+
+Two hot paths of a training step run a small ``transformers`` decoder many times, and for a small
+model much of their time is not the matrix products but the module machinery and the elementwise
+ops around them:
+
+* :class:`FusedDecoder` — the one-token decoding steps of
+  :class:`~creditlab.backends.hf.HFBackend` (a batch of A rows, one new column each), with about
+  half the ops of the model's forward: q/k/v come from one matrix product and gate/up from another
+  (the weights are concatenated and transposed once per ``generate`` call, within a memory budget;
+  above it the module weights are used in place); the rotary embedding is computed once per step
+  and applied to q and k together; attention for one query is two batched products and a softmax
+  over keys/values the decoder keeps itself (no 4-D mask, no cache object). Rows that share a long
+  context (a GRPO group's prompt) keep one copy of its keys/values and attend to it once per
+  group, so the prompt is not re-read once per row.
+* :func:`shared_prompt_logits` — the training forward of :func:`creditlab.forward.response_logits`
+  (each distinct prompt once, the responses attending to their gathered prompt): the prompt tokens
+  and the response tokens go through every projection, norm and MLP as one batch (attention alone
+  runs per part), and RMSNorm and the rotary embedding have hand-written backward passes (fewer
+  passes over the activations than autograd's chains of small ops, no zero-filled slice
+  gradients).
+
+Both equal the model's forward up to float rounding: the formulas of RMSNorm, the rotary
+embedding, attention, the MLP and the residuals are the model's own; what differs is how some are
+evaluated (fused or differently blocked products, ``addcmul`` for the rotary embedding, q scaled
+before ``q·k`` in decoding, the mean of squares from a norm in training, the analytic
+RMSNorm/rotary gradients). They are used only for models of the exact classes in
+:data:`SUPPORTED` whose every submodule is of the exact type ``transformers`` builds, in float32,
+with full attention in every layer, SiLU, the ``sdpa`` or ``eager`` attention implementation,
+``pretraining_tp == 1`` and no hooks on any module; for any other model :func:`supported` is False
+and the callers run the model's own forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FusedDecoder", "SUPPORTED", "dynamic_rope", "shared_prompt_logits", "supported"]
+
+#: CausalLM class name -> (transformers module, class name prefix of its parts).
+SUPPORTED: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("transformers.models.llama.modeling_llama", "Llama"),
+    "Qwen2ForCausalLM": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+}
+
+#: Default budget for the concatenated/transposed weight copies (see ``FusedDecoder.build``).
+DEFAULT_COPY_BUDGET_MB = 512.0
+#: Default context width from which rows sharing a context share its keys/values in decoding
+#: (see ``FusedDecoder.start``).
+DEFAULT_MIN_SHARED_CONTEXT = 32
+
+
+def _classes(model: Any) -> dict[str, type] | None:
+    entry = SUPPORTED.get(type(model).__name__)
+    if entry is None:
+        return None
+    module_name, prefix = entry
+    try:
+        mod = importlib.import_module(module_name)
+    except ImportError:  # pragma: no cover - transformers without this architecture
+        return None
+    names = ("ForCausalLM", "Model", "DecoderLayer", "Attention", "MLP", "RMSNorm",
+             "RotaryEmbedding")
+    classes = {n: getattr(mod, prefix + n, None) for n in names}
+    if any(c is None for c in classes.values()) or type(model) is not classes["ForCausalLM"]:
+        return None
+    return classes
+
+
+def _no_hooks(model: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as nn_module
+
+    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called"):
+        if getattr(nn_module, name, None):
+            return False
+    for m in model.modules():
+        if m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__:
+            return False
+    return True
+
+
+def _plain_tensor(t: Any, dtype: torch.dtype, device: torch.device) -> bool:
+    return (
+        t is not None and type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.dtype == dtype and t.device == device and t.layout == torch.strided
+    )
+
+
+def supported(model: Any) -> bool:
+    """Whether ``model`` is exactly a supported architecture that the fused passes reproduce."""
+    classes = _classes(model)
+    if classes is None:
+        return False
+    base, config = getattr(model, "model", None), getattr(model, "config", None)
+    if type(base) is not classes["Model"] or config is None:
+        return False
+    if getattr(config, "pretraining_tp", 1) not in (1, None):
+        return False
+    if getattr(config, "hidden_act", None) not in ("silu", "swish"):
+        return False
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", None):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    layers = list(base.layers)
+    if not layers or len(layers) != config.num_hidden_layers:
+        return False
+    weight = model.lm_head.weight if isinstance(model.lm_head, torch.nn.Linear) else None
+    if weight is None or weight.dtype != torch.float32:  # the norms compute in float32
+        return False
+    dtype, device = weight.dtype, weight.device
+    if type(model.lm_head) is not torch.nn.Linear:
+        return False
+    if type(base.embed_tokens) is not torch.nn.Embedding:
+        return False
+    if type(base.norm) is not classes["RMSNorm"]:
+        return False
+    if type(base.rotary_emb) is not classes["RotaryEmbedding"]:
+        return False
+    if base.embed_tokens.max_norm is not None:
+        return False
+    linears = [model.lm_head]
+    for layer in layers:
+        a, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if (type(layer) is not classes["DecoderLayer"] or type(a) is not classes["Attention"]
+                or type(mlp) is not classes["MLP"]):
+            return False
+        if (type(layer.input_layernorm) is not classes["RMSNorm"]
+                or type(layer.post_attention_layernorm) is not classes["RMSNorm"]):
+            return False
+        if getattr(a, "sliding_window", None) is not None:
+            return False
+        if type(mlp.act_fn).__name__ not in ("SiLUActivation", "SiLU"):
+            return False
+        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
+        linears += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    if any(type(lin) is not torch.nn.Linear for lin in linears):
+        return False
+    tensors = [lin.weight for lin in linears]
+    tensors += [lin.bias for lin in linears if lin.bias is not None]
+    tensors += [base.embed_tokens.weight, base.norm.weight]
+    tensors += [layer.input_layernorm.weight for layer in layers]
+    tensors += [layer.post_attention_layernorm.weight for layer in layers]
+    if not all(_plain_tensor(t, dtype, device) for t in tensors):
+        return False
+    return _no_hooks(model)
+
+
+def dynamic_rope(model: Any) -> bool:
+    """Whether the model's rotary embedding rescales its frequencies with the longest position it
+    is called with (``dynamic``/``longrope`` RoPE; ``transformers`` keeps that as module state):
+    then a prompt run apart from its response gets other frequencies than the full sequence."""
+    base = getattr(model, "get_base_model", None)
+    inner = base() if callable(base) else model
+    rotary = getattr(getattr(inner, "model", None), "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default")
+    if isinstance(rope_type, dict):  # per layer type
+        return any("dynamic" in str(t) or t == "longrope" for t in rope_type.values())
+    return "dynamic" in str(rope_type) or rope_type == "longrope"
+
+
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """``LlamaRMSNorm.forward`` / ``Qwen2RMSNorm.forward`` for float32 (``F.rms_norm`` runs the
+    same ops: ``weight * (x * rsqrt(mean(x²) + eps))``)."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``rotate_half(x) * sin == x.roll(D/2, -1) * _signed_sin(sin)`` (``rotate_half`` negates the
+    second half and swaps the halves)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+class _Layer:
+    """The weights one decoder layer's step reads (fused copies or the module's own tensors)."""
+
+    def __init__(self, layer: Any, fuse: bool) -> None:
+        a, mlp = layer.self_attn, layer.mlp
+        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.fused = fuse
+        if fuse:
+            qkv = (a.q_proj, a.k_proj, a.v_proj)
+            self.w_qkv = torch.cat([p.weight for p in qkv]).t().contiguous()
+            self.b_qkv = (
+                torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
+                           for p in qkv])
+                if any(p.bias is not None for p in qkv) else None
+            )
+            gu = (mlp.gate_proj, mlp.up_proj)
+            self.w_gu = torch.cat([p.weight for p in gu]).t().contiguous()
+            self.b_gu = (
+                torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
+                           for p in gu])
+                if any(p.bias is not None for p in gu) else None
+            )
+            self.w_o, self.b_o = a.o_proj.weight.t().contiguous(), a.o_proj.bias
+            self.w_down, self.b_down = mlp.down_proj.weight.t().contiguous(), mlp.down_proj.bias
+        else:
+            self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
+            self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.inter = mlp.gate_proj.out_features
+
+    @staticmethod
+    def _mm(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
+
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self._mm(x, self.w_qkv, self.b_qkv)
+        return torch.cat([F.linear(x, p.weight, p.bias) for p in (self.q, self.k, self.v)], dim=-1)
+
+    def o_proj(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self._mm(x, self.w_o, self.b_o)
+        return F.linear(x, self.o.weight, self.o.bias)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            gu = self._mm(x, self.w_gu, self.b_gu)
+            act = F.silu(gu[:, : self.inter]) * gu[:, self.inter :]
+            return self._mm(act, self.w_down, self.b_down)
+        act = F.silu(F.linear(x, self.gate.weight, self.gate.bias)) * F.linear(
+            x, self.up.weight, self.up.bias)
+        return F.linear(act, self.down.weight, self.down.bias)
+
+
+class FusedDecoder:
+    """Decoding steps of one supported model, one forward batch at a time.
+
+    Usage: ``dec = FusedDecoder.build(model)`` (after the weights last changed: fused weight copies
+    are snapshots); per batch, prefill its distinct contexts with the model, ``dec.start(
+    prefill_cache, inverse, context_mask, max_new)``, then ``dec.step(tokens, positions)`` once
+    per new token and ``dec.select(keep)`` to drop finished rows.
+
+    Keys/values: when rows share contexts of at least ``min_shared_context`` tokens they live in two
+    parts, the prefilled contexts stored once per *distinct* context (U, H_kv, W, D) and the
+    generated tokens per row (A, H_kv, max_new, D); attention reads each shared context once for
+    the whole group (its rows' queries stacked into one product) and combines both parts in one
+    softmax, so a group's prompt is not re-read once per row. Otherwise every row has one buffer
+    (A, H_kv, W + max_new, D) holding a copy of its context, and attention is one product each
+    for scores and output.
+    """
+
+    def __init__(self, model: Any, fuse: bool) -> None:
+        cfg = model.config
+        base = model.model
+        self.model = model
+        self.embed = base.embed_tokens.weight
+        self.rotary = base.rotary_emb
+        self.norm = base.norm
+        self.lm_head = model.lm_head
+        first = base.layers[0].self_attn
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        self.layers = [_Layer(layer, fuse) for layer in base.layers]
+        self.fused_weights = fuse
+
+    @classmethod
+    def build(
+        cls, model: Any, copy_budget_mb: float = DEFAULT_COPY_BUDGET_MB
+    ) -> FusedDecoder | None:
+        """A decoder for ``model``, or ``None`` when the model is not exactly supported.
+
+        Args:
+            model: The causal LM (in eval mode, as during generation).
+            copy_budget_mb: Concatenate and transpose the projection weights into copies when
+                they take at most this many MB; otherwise use the module weights in place.
+        """
+        if not supported(model):
+            return None
+        params = sum(
+            p.numel() * p.element_size()
+            for layer in model.model.layers
+            for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
+        )
+        return cls(model, fuse=params <= copy_budget_mb * 2**20)
+
+    # -- state -------------------------------------------------------------------------------------
+    def start(
+        self,
+        prefill_cache: Any,
+        inverse: torch.Tensor,
+        context_mask: torch.Tensor | None,
+        max_new: int,
+        min_shared_context: int = DEFAULT_MIN_SHARED_CONTEXT,
+    ) -> None:
+        """Take the prefilled keys/values and allocate room for ``max_new`` generated tokens.
+
+        Args:
+            prefill_cache: The model's cache after prefilling U contexts (left-padded to width W):
+                every layer holds ``keys``/``values`` (U, H_kv, W, D).
+            inverse: (A,) long, the context of each row.
+            context_mask: (U, W) bool, False at padding; ``None`` when there is none.
+            max_new: Tokens the steps may append per row.
+            min_shared_context: Keep each context's keys/values once and attend to them once per
+                group when rows share contexts and W is at least this; otherwise copy them to
+                every row (two products less per layer and step: cheaper for short contexts).
+        """
+        kp = [layer.keys for layer in prefill_cache.layers]
+        vp = [layer.values for layer in prefill_cache.layers]
+        u, h_kv, w, d = kp[0].shape
+        if any(k.shape != (u, h_kv, w, d) for k in kp + vp):
+            raise ValueError("prefill cache layers of different shapes")
+        a = len(inverse)
+        self._w, self._n, self._mask = w, 0, context_mask
+        self._rope = None  # cos/sin tables by position, made at the first step
+        self._split = u < a and w >= min_shared_context
+        if self._split:
+            self._kp, self._vp = kp, vp
+            self._kg = [kp[0].new_empty((a, h_kv, max_new, d)) for _ in kp]
+            self._vg = [kp[0].new_empty((a, h_kv, max_new, d)) for _ in kp]
+        else:  # one buffer per row: context columns [0, W), then the generated ones
+            self._kp = self._vp = None
+            self._kg, self._vg = [], []
+            for src, dst in ((kp, self._kg), (vp, self._vg)):
+                for x in src:
+                    buf = x.new_empty((a, h_kv, w + max_new, d))
+                    torch.index_select(x, 0, inverse, out=buf[:, :, :w])
+                    dst.append(buf)
+        self._regroup(inverse)
+
+    def _regroup(self, inverse: torch.Tensor) -> None:
+        """Row -> context map; each context's rows get consecutive query slots."""
+        self._inverse = inverse
+        self._bias = None
+        if self._mask is not None:  # (A, 1, 1, W [+ max_new]): -inf at padding keys
+            width = self._w + (0 if self._split else self._kg[0].shape[2] - self._w)
+            bias = self._kg[0].new_zeros((len(inverse), width))
+            bias[:, : self._w].masked_fill_(~self._mask.index_select(0, inverse), float("-inf"))
+            self._bias = bias[:, None, None, :]
+        if not self._split:
+            return
+        u = self._kp[0].shape[0]
+        counts = torch.bincount(inverse, minlength=u)
+        g = int(counts.max())
+        self._g = g
+        if len(inverse) == u * g and torch.equal(
+            inverse, torch.arange(u, device=inverse.device).repeat_interleave(g)
+        ):
+            self._slot = None  # rows are already in slot order
+        else:
+            order = torch.argsort(inverse, stable=True)
+            start = torch.cumsum(counts, 0) - counts
+            rank = torch.empty_like(inverse)
+            rank[order] = torch.arange(len(inverse), device=inverse.device) - start[inverse[order]]
+            self._slot = inverse * g + rank
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (and the contexts they use)."""
+        inverse = self._inverse.index_select(0, keep)
+        self._kg = [k.index_select(0, keep) for k in self._kg]
+        self._vg = [v.index_select(0, keep) for v in self._vg]
+        if self._split:
+            used, inverse = torch.unique(inverse, return_inverse=True)
+            if len(used) < self._kp[0].shape[0]:
+                self._kp = [k.index_select(0, used) for k in self._kp]
+                self._vp = [v.index_select(0, used) for v in self._vp]
+                if self._mask is not None:
+                    self._mask = self._mask.index_select(0, used)
+        self._regroup(inverse)
+
+    def _to_slots(self, x: torch.Tensor) -> torch.Tensor:
+        """(A, H_kv, G, *) per row -> (U, H_kv, g * G, *) per context (unused slots are 0)."""
+        a, h, grp = x.shape[:3]
+        u, g = self._kp[0].shape[0], self._g
+        if self._slot is not None:
+            x = x.new_zeros((u * g, *x.shape[1:])).index_copy_(0, self._slot, x)
+        x = x.view(u, g, h, grp, *x.shape[3:]).transpose(1, 2)
+        return x.reshape(u, h, g * grp, *x.shape[4:])
+
+    def _from_slots(self, x: torch.Tensor, grp: int) -> torch.Tensor:
+        """Inverse of :meth:`_to_slots`: (U, H_kv, g * G, *) -> (A, H_kv, G, *)."""
+        u, h = x.shape[:2]
+        g = self._g
+        x = x.view(u, h, g, grp, *x.shape[3:]).transpose(1, 2).reshape(u * g, h, grp, *x.shape[3:])
+        return x if self._slot is None else x.index_select(0, self._slot)
+
+    def _rotary(self, h: torch.Tensor, positions: torch.Tensor, steps_left: int):
+        """(A, 1, D) cos and signed sin (see :func:`_signed_sin`) at ``positions``.
+
+        The model's rotary module computes each position's values elementwise from the position
+        alone, so for static RoPE types they are tabulated once (at the first step, up to the
+        last position the remaining steps can reach) and looked up; dynamic types (which rescale
+        with the longest position seen) are computed at every step as the model would.
+        """
+        if dynamic_rope(self.model):  # the model's own call at every step, as in its decoding
+            cos, sin = self.rotary(h, positions[:, None])
+            return cos, _signed_sin(sin)
+        if self._rope is None:
+            end = int(positions.max()) + steps_left
+            cos, sin = self.rotary(h, torch.arange(end, device=h.device)[None])
+            self._rope = (cos[0], _signed_sin(sin[0]))
+        cos, sin = self._rope
+        return cos.index_select(0, positions)[:, None], sin.index_select(0, positions)[:, None]
+
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run one new token per row and append its keys/values; return (A, V) logits.
+
+        Args:
+            tokens: (A,) long, the new token of each row.
+            positions: (A,) long, its position id.
+        """
+        a = tokens.shape[0]
+        h_q, h_kv, d = self.heads, self.kv_heads, self.head_dim
+        group = h_q // h_kv
+        n, w = self._n, self._w
+        if n >= self._kg[0].shape[2] - (0 if self._split else w):
+            raise RuntimeError(f"more decoding steps than the {n} allocated")
+        h = F.embedding(tokens, self.embed)
+        cos, sin = self._rotary(h, positions, self._kg[0].shape[2] - (0 if self._split else w) - n)
+        half = d // 2
+        for i, layer in enumerate(self.layers):
+            x = _rms_norm(h, layer.norm1)
+            qkv = layer.qkv(x).view(a, h_q + 2 * h_kv, d)
+            qk = qkv[:, : h_q + h_kv]
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # qk*cos + rotate_half(qk)*sin
+            kg, vg = self._kg[i], self._vg[i]
+            col = n if self._split else w + n
+            kg[:, :, col] = qk[:, h_q:]
+            vg[:, :, col] = qkv[:, h_q + h_kv :]
+            kg, vg = kg[:, :, : col + 1], vg[:, :, : col + 1]
+            q = (qk[:, :h_q] * self.scaling).view(a, h_kv, group, d)
+            if not self._split:
+                scores = torch.matmul(q, kg.transpose(-1, -2))  # (A, H_kv, G, W + n + 1)
+                if self._bias is not None:
+                    scores = scores + self._bias[..., : col + 1]
+                out = torch.matmul(torch.softmax(scores, dim=-1), vg)
+            else:
+                # scores against the context (once per context) and the generated tokens (per row)
+                s_ctx = self._from_slots(
+                    torch.matmul(self._to_slots(q), self._kp[i].transpose(-1, -2)), group)
+                if self._bias is not None:
+                    s_ctx = s_ctx + self._bias
+                scores = torch.cat([s_ctx, torch.matmul(q, kg.transpose(-1, -2))], dim=-1)
+                probs = torch.softmax(scores, dim=-1)  # (A, H_kv, G, W + n + 1)
+                out = self._from_slots(
+                    torch.matmul(self._to_slots(probs[..., :w]), self._vp[i]), group)
+                out = out + torch.matmul(probs[..., w:], vg)  # (A, H_kv, G, D)
+            h = h + layer.o_proj(out.reshape(a, h_q * d))
+            h = h + layer.mlp(_rms_norm(h, layer.norm2))
+        self._n = n + 1
+        return self.lm_head(_rms_norm(h, self.norm))
+
+
+# ------------------------------------------------------------------------------------------------
+# Training forward with hand-written RMSNorm and rotary backward passes
+# ------------------------------------------------------------------------------------------------
+class _RMSNorm(torch.autograd.Function):
+    """``weight * (x * rsqrt(mean(x²) + eps))`` (the model's formula) for float32 ``x``; the mean
+    of squares comes from one norm reduction (no squared copy)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(x, 2, dim=-1, keepdim=True)
+        rstd = torch.rsqrt(norm.square_().div_(x.shape[-1]).add_(eps))
+        xn = x * rstd
+        ctx.save_for_backward(xn, rstd, weight)
+        return weight * xn
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        xn, rstd, weight = ctx.saved_tensors
+        d_weight = None
+        if ctx.needs_input_grad[1]:
+            d_weight = (grad * xn).reshape(-1, xn.shape[-1]).sum(0)
+        d_x = None
+        if ctx.needs_input_grad[0]:
+            gw = grad * weight
+            dot = (gw * xn).mean(-1, keepdim=True)
+            # d/dx [x * rstd] applied to gw: rstd * (gw - xn * mean(gw * xn))
+            d_x = torch.addcmul(gw, xn, dot, value=-1).mul_(rstd)
+        return d_x, d_weight, None
+
+
+def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    return _RMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+
+
+class _Rotary(torch.autograd.Function):
+    """``x * cos + rotate_half(x) * sin`` (the model's formula) as ``x * cos + roll(x) * ss``
+    with ``ss = _signed_sin(sin)``; its adjoint is ``g * cos + roll(g) * roll(ss)``. cos/sin get
+    no gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, ss: torch.Tensor, ss_rolled: torch.Tensor):
+        half = x.shape[-1] // 2
+        ctx.save_for_backward(cos, ss_rolled)
+        return torch.addcmul(x * cos, x.roll(half, -1), ss)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        cos, ss_rolled = ctx.saved_tensors
+        half = grad.shape[-1] // 2
+        return torch.addcmul(grad * cos, grad.roll(half, -1), ss_rolled), None, None, None
+
+
+class _Split(torch.autograd.Function):
+    """``(x[:n], x[n:])`` whose backward concatenates the two gradients (autograd's slice backward
+    would zero-fill a full-size gradient for each part and add them)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int):
+        ctx.n, ctx.shape = n, x.shape
+        return x[:n], x[n:]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g1: torch.Tensor | None, g2: torch.Tensor | None):
+        shape, n = ctx.shape, ctx.n
+        if g1 is None:
+            g1 = g2.new_zeros((n, *shape[1:]))
+        if g2 is None:
+            g2 = g1.new_zeros((shape[0] - n, *shape[1:]))
+        return torch.cat([g1, g2]), None
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(b, H_kv, s, d) -> (b, H_kv * n_rep, s, d), as ``transformers``' ``repeat_kv``."""
+    if n_rep == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def _train_layers(model: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  n_ctx: int, ctx_len: int, ctx_mask: torch.Tensor, inverse: torch.Tensor,
+                  rows: int, resp_len: int, resp_mask: torch.Tensor) -> torch.Tensor:
+    """All decoder layers over N = n_ctx * ctx_len + rows * resp_len tokens (N, D): the distinct
+    prompts' tokens, then the response tokens. Every projection, norm and MLP runs once over all N
+    tokens; attention runs per part: the prompts causally over themselves, the responses over
+    their gathered prompt and causally over themselves."""
+    cfg = model.config
+    n_q, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    rep = n_q // n_kv
+    split = n_ctx * ctx_len
+    cos = cos[:, None]  # (N, 1, d): broadcast over heads
+    ss = _signed_sin(sin)[:, None]
+    ss_rolled = ss.roll(ss.shape[-1] // 2, -1)
+    for layer in model.model.layers:
+        a, mlp = layer.self_attn, layer.mlp
+        d = a.head_dim
+        x = _rms(h, layer.input_layernorm)
+        q = F.linear(x, a.q_proj.weight, a.q_proj.bias).view(-1, n_q, d)
+        k = F.linear(x, a.k_proj.weight, a.k_proj.bias).view(-1, n_kv, d)
+        v = F.linear(x, a.v_proj.weight, a.v_proj.bias).view(-1, n_kv, d)
+        q, k = _Rotary.apply(q, cos, ss, ss_rolled), _Rotary.apply(k, cos, ss, ss_rolled)
+
+        def parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """(n_ctx, heads, ctx_len, d) and (rows, heads, resp_len, d) views of (N, heads, d)."""
+            c, r = _Split.apply(t, split)
+            return (c.view(n_ctx, ctx_len, t.shape[1], d).transpose(1, 2),
+                    r.view(rows, resp_len, t.shape[1], d).transpose(1, 2))
+
+        (qc, qr), (kc, kr), (vc, vr) = parts(q), parts(k), parts(v)
+        o_ctx = F.scaled_dot_product_attention(
+            qc, _repeat_kv(kc, rep), _repeat_kv(vc, rep), attn_mask=ctx_mask, scale=a.scaling)
+        keys = torch.cat([kc.index_select(0, inverse), kr], dim=2)
+        values = torch.cat([vc.index_select(0, inverse), vr], dim=2)
+        o_resp = F.scaled_dot_product_attention(
+            qr, _repeat_kv(keys, rep), _repeat_kv(values, rep), attn_mask=resp_mask,
+            scale=a.scaling)
+        attn = torch.cat([o_ctx.transpose(1, 2).reshape(split, n_q * d),
+                          o_resp.transpose(1, 2).reshape(rows * resp_len, n_q * d)])
+        h = h + F.linear(attn, a.o_proj.weight, a.o_proj.bias)
+        x = _rms(h, layer.post_attention_layernorm)
+        act = F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(
+            x, mlp.up_proj.weight, mlp.up_proj.bias)
+        h = h + F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+    return h
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def shared_prompt_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
+) -> torch.Tensor:
+    """(b, T, V) float logits predicting each response token, each distinct prompt run once.
+
+    The same computation as the shared-prompt path of :func:`creditlab.forward.response_logits`
+    (which checks the preconditions: a :func:`supported` model, no dropout, ``T >= 2``): the
+    distinct prompts ``input_ids[first, :P]``, and the response columns but the last attending
+    to their row's prompt (its keys/values gathered by ``inverse``) and causally to themselves.
+    Both parts go through each projection, norm and MLP together, as one batch of tokens.
+
+    Args:
+        model: A :func:`supported` causal LM.
+        input_ids: (b, P+T) long, left-padded prompt then right-padded response.
+        attention_mask: (b, P+T), 1 on real tokens.
+        prompt_len: P >= 1.
+        first: (U,) one row of each distinct prompt; inverse: (b,) each row's index in ``first``.
+    """
+    p = int(prompt_len)
+    base = model.model
+    dev = input_ids.device
+    u, b = len(first), input_ids.shape[0]
+    ctx = attention_mask[first, :p].bool()  # (U, P)
+    full = attention_mask[:, :-1].bool()  # (b, P + t): the mask of every column that is run
+    t = full.shape[1] - p
+    ids = torch.cat([input_ids[first, :p].reshape(-1), input_ids[:, p:-1].reshape(-1)])
+    pos = torch.cat([_positions(ctx).reshape(-1), _positions(full)[:, p:].reshape(-1)])
+    h = base.embed_tokens(ids)  # (N, D)
+    cos, sin = base.rotary_emb(h[None], pos[None])
+    causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
+    ctx_mask = causal[None, None] & ctx[:, None, None, :]  # (U, 1, P, P)
+    cols = torch.arange(p + t, device=dev)
+    causal = cols[None, :] <= (p + torch.arange(t, device=dev))[:, None]  # (t, P + t)
+    resp_mask = causal[None, None] & full[:, None, None, :]  # (b, 1, t, P + t)
+    h = _train_layers(model, h, cos[0], sin[0], u, p, ctx_mask, inverse, b, t, resp_mask)
+    h = _rms(h, base.norm)
+    last = torch.arange(1, u + 1, device=dev) * p - 1  # each prompt's last position
+    head = model.lm_head(h.index_select(0, last)).index_select(0, inverse)  # (b, V)
+    logits = model.lm_head(h[u * p :]).view(b, t, -1)
+    return torch.cat([head[:, None], logits], dim=1).float()
