@@ -18,9 +18,14 @@ For each prompt and a budget of N trainable completions, split as ``R x K`` (``R
    from the prefix end (``trainable_from``) unless ``mask_prefix`` is off (the ``no_mask``
    ablation).
 
-Draws are batched: every round generates, for all prompts still drawing, exactly as many chains
-as each can still place (open base slots + missing seeds), so the result equals drawing one
-chain at a time while the generation calls stay batched across prompts.
+Draws are batched: the first round generates, for every prompt, exactly as many chains as it can
+place (open base slots + missing seeds). With ``draw_ahead``, a prompt that still lacks seeds
+after that draws all of its remaining draws in the second round (otherwise: again as many as it
+can place, round after round, one chain at a time in the worst case). Chains are placed in draw
+order and those drawn beyond the point where one-at-a-time drawing would have stopped are not
+used (counted as ``speculative``; their tokens count as generated), so the buffer has the
+distribution of one-at-a-time drawing with at most two draw rounds. The base group's top-up and
+the suffixes are generated in one call.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class _PromptState:
     seeds: list[Trajectory] = field(default_factory=list)
     drawn: list[Trajectory] = field(default_factory=list)  # every fresh chain, in draw order
     discarded: int = 0
+    speculative: int = 0  # drawn ahead and not needed
     fallback: bool = False
 
 
@@ -98,6 +104,8 @@ class ResetBuffer:
         mask_prefix: Suffixes train only after the reset prefix (off = ``no_mask`` ablation).
         delimiter_ids: Token ids of the thought delimiter (thought spans of seeds).
         eos_id: The EOS token id (a lone trailing EOS is not a thought of its own).
+        draw_ahead: After the first round, draw every remaining draw of a prompt that still
+            lacks seeds at once (at most two draw rounds; see the module docstring).
     """
 
     def __init__(
@@ -109,8 +117,10 @@ class ResetBuffer:
         mask_prefix: bool,
         delimiter_ids: Sequence[int],
         eos_id: int | None = None,
+        draw_ahead: bool = True,
     ) -> None:
         self.eos_id = eos_id
+        self.draw_ahead = draw_ahead
         self.budget = budget
         self.base_size, self.reset_groups, self.suffixes = parse_split(split, budget)
         self.max_seed_draws = max_seed_draws
@@ -149,6 +159,8 @@ class ResetBuffer:
         states = [_PromptState(p, ids) for p, ids in zip(problems, prompt_ids)]
         round_index = 0
         while todo := [(st, self._wanted(st)) for st in states if self._wanted(st) > 0]:
+            if self.draw_ahead and round_index > 0:
+                todo = [(st, self.max_seed_draws - len(st.drawn)) for st, _ in todo]
             owners = [st for st, n in todo for _ in range(n)]
             trajs = sample_fn(
                 [st.problem for st in owners],
@@ -156,10 +168,13 @@ class ResetBuffer:
                 derive_seed(seed, "draw", round_index),
             )
             for st, traj in zip(owners, trajs):
-                self._place(st, _no_thought_zero(traj))
+                if self._wanted(st) > 0:
+                    self._place(st, _no_thought_zero(traj))
+                else:  # one-at-a-time drawing would have stopped before this chain
+                    st.speculative += 1
             round_index += 1
 
-        # -- step 2: fallback or top-up ------------------------------------------------------------
+        # -- step 2: fallback or top-up (generated below, with the suffixes) -------------------------
         top_up: list[tuple[_PromptState, int]] = []
         for st in states:
             if len(st.seeds) < self.reset_groups:  # fallback: one plain group of N
@@ -168,15 +183,7 @@ class ResetBuffer:
                 top_up.append((st, self.budget - len(st.base)))
             else:
                 top_up.append((st, self.base_size - len(st.base)))
-        owners = [st for st, n in top_up for _ in range(n)]
-        if owners:
-            trajs = sample_fn(
-                [st.problem for st in owners],
-                [GenerationRequest(st.prompt_ids) for st in owners],
-                derive_seed(seed, "top_up"),
-            )
-            for st, traj in zip(owners, trajs):
-                st.base.append(_no_thought_zero(traj))
+        top_owners = [st for st, n in top_up for _ in range(n)]
 
         # -- step 3: reset points and suffixes -----------------------------------------------------
         seeds = [s for st in states for s in st.seeds]
@@ -197,15 +204,13 @@ class ResetBuffer:
             for s, prefix in zip(seeds, prefixes)
             for _ in range(self.suffixes)
         ]
-        suffixes = (
-            sample_fn(
-                [s.problem for s in seeds for _ in range(self.suffixes)],
-                suffix_reqs,
-                derive_seed(seed, "suffix"),
-            )
-            if suffix_reqs
-            else []
-        )
+        owners = [st.problem for st in top_owners]
+        owners += [s.problem for s in seeds for _ in range(self.suffixes)]
+        requests = [GenerationRequest(st.prompt_ids) for st in top_owners] + suffix_reqs
+        trajs = sample_fn(owners, requests, derive_seed(seed, "suffix")) if requests else []
+        for st, traj in zip(top_owners, trajs):
+            st.base.append(_no_thought_zero(traj))
+        suffixes = trajs[len(top_owners) :]
 
         # -- assemble groups -------------------------------------------------------------------------
         out: list[Trajectory] = []
@@ -242,6 +247,7 @@ class ResetBuffer:
             "seeds": float(len(seeds)),
             "draws": float(sum(len(st.drawn) for st in states)),
             "discarded": float(sum(st.discarded for st in states)),
+            "speculative": float(sum(st.speculative for st in states)),
             "suffixes": float(len(suffixes)),
             "suffix_correct": float(sum(t.reward >= self.success_reward for t in suffixes)),
             "reset_thought": float(sum(i["reset_thought"] for i in reset_info)),

@@ -52,6 +52,9 @@ class RolloutConfig:
         success_reward: A chain with at least this reward is correct (not a seed).
         mask_prefix: Suffixes train only after their reset prefix; ``false`` is the ``no_mask``
             ablation (the prefix tokens get the suffix's advantage too).
+        draw_ahead: A prompt still lacking seeds after the first draw round draws all its
+            remaining draws at once (at most two draw rounds; unused chains are counted as
+            ``reset/speculative``); ``false`` draws as many as it can place, round after round.
     """
 
     group_size: int = 8
@@ -70,6 +73,7 @@ class RolloutConfig:
     max_seed_draws: int = 12
     success_reward: float = 1.0
     mask_prefix: bool = True
+    draw_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -169,7 +173,7 @@ class RolloutPlanner:
             delim = backend.tokenizer.encode(cfg.delimiter, add_special_tokens=False)
             self.buffer = ResetBuffer(
                 cfg.group_size, cfg.resets, cfg.max_seed_draws, cfg.success_reward,
-                cfg.mask_prefix, delim, backend.tokenizer.eos_token_id,
+                cfg.mask_prefix, delim, backend.tokenizer.eos_token_id, cfg.draw_ahead,
             )
 
     def collect(self, problems: Sequence[Problem], ctx: PolicyHandle, seed: int) -> list[Trajectory]:
@@ -251,6 +255,7 @@ def _reset_rates(c: dict[str, float]) -> dict[str, float]:
         "reset/seeds_per_prompt": c["reset/seeds"] / prompts,
         "reset/draws_per_prompt": c["reset/draws"] / prompts,
         "reset/discarded": c["reset/discarded"],
+        "reset/speculative": c["reset/speculative"],
         "reset/suffix_success": c["reset/suffix_correct"] / max(c["reset/suffixes"], 1.0),
         "reset/position": c["reset/reset_thought"] / seeds,
         "reset/position_relative": c["reset/reset_relative"] / seeds,

@@ -73,10 +73,11 @@ class Fixed(ResetSelector):
 
 
 def build(outcomes, split="1x4", budget=8, draws=12, k=1, mask_prefix=True, suffix_correct=True,
-          oracle=None):
+          oracle=None, draw_ahead=False):
+    """The buffer over scripted outcomes; one-at-a-time rounds unless ``draw_ahead``."""
     problems = [Problem(pid, pid, "1", oracle=oracle) for pid in outcomes]
     script = Script(outcomes, suffix_correct)
-    buf = ResetBuffer(budget, split, draws, 1.0, mask_prefix, DELIM)
+    buf = ResetBuffer(budget, split, draws, 1.0, mask_prefix, DELIM, draw_ahead=draw_ahead)
     ctx = FakePolicyHandle(tokenizer=TOK)
     result = buf.build(problems, [ids(p.id) for p in problems], script, Fixed(k), ctx, seed=0)
     return result, script
@@ -138,8 +139,49 @@ def test_fallback_tops_up_when_the_draw_limit_is_below_the_budget() -> None:
 
 def test_seed_found_but_base_short_is_topped_up() -> None:
     result, script = build({"p": [W, W]}, draws=2)
-    assert script.calls == [2, 3, 4]  # draws, top-up of the base, suffixes
+    assert script.calls == [2, 3 + 4]  # draws, then the base's top-up and the suffixes together
     assert roles(result.trajectories) == [(0, "base")] * 4 + [(1, "reset")] * 4
+
+
+OUTCOME_TABLE = [
+    [C, C, W, C, C, C],
+    [C, C, C, C, C, W],
+    [C, C, C, C, C, C, C, W, C],
+    [C] * 12 + [W, C, W, C],
+    [W, W, W, W, W],
+    [E, C, C, C, C, E, W],
+]
+
+
+@pytest.mark.parametrize("split", ["1x4", "2x4", "1x8"])
+def test_draw_ahead_places_chains_as_one_at_a_time_drawing(split: str) -> None:
+    """Same seeds, base chains, discards and fallbacks as drawing one chain at a time; at most
+    two draw rounds; chains drawn beyond the stopping point are counted, not used."""
+    outcomes = {f"p{i}": o for i, o in enumerate(OUTCOME_TABLE)}
+    slow, slow_script = build(outcomes, split=split, draw_ahead=False)
+    fast, fast_script = build(outcomes, split=split, draw_ahead=True)
+    draw_calls = len(fast_script.calls) - 1  # the last call: top-up + suffixes
+    assert draw_calls <= 2 < len(slow_script.calls) - 1
+    assert [s.completion.response_ids for s in fast.seeds] == [
+        s.completion.response_ids for s in slow.seeds]
+    for key in ("fallback", "seeds", "draws", "discarded", "suffixes"):
+        assert fast.stats[key] == slow.stats[key], key
+    base = lambda r: [(t.group_id, t.role, t.reward) for t in r.trajectories if t.role != "reset"]
+    # Base chains up to the stopping point are the same draws; top-up chains are later draws.
+    assert roles(fast.trajectories) == roles(slow.trajectories)
+    assert base(fast)[:4] == base(slow)[:4]
+    assert fast.stats["speculative"] == sum(fast_script.drawn.values()) - sum(
+        slow_script.drawn.values())
+    assert slow.stats["speculative"] == 0
+
+
+def test_draw_ahead_second_round_draws_every_remaining_draw() -> None:
+    result, script = build({"p": [C, C, C, C, C, C, W], "q": [W, C, C, C, C]}, draw_ahead=True)
+    # Round 1: 5 each; q is done, p lacks its seed and draws its remaining 12 - 5 = 7 at once:
+    # the 1st is discarded (base full), the 2nd is the seed, the other 5 are speculative.
+    assert script.calls == [10, 7, 8]
+    assert result.stats["speculative"] == 5 and result.stats["draws"] == 5 + 2 + 5
+    assert result.stats["discarded"] == 2  # p's 5th draw and 6th (= its round-2 first) draw
 
 
 def test_empty_chain_joins_base_with_zero_reward_and_is_never_a_seed() -> None:
