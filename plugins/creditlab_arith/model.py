@@ -38,7 +38,7 @@ from creditlab_arith.task import ArithTask, apply_op
 from creditlab_arith.tokenizer import build_char_tokenizer
 
 #: Bump when the recipe changes in a way that changes the produced weights.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 #: Written last inside a finished checkpoint; its presence marks the directory as complete.
 MARKER = "creditlab_recipe.json"
 
@@ -49,9 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "hidden_size": 128,
     "heads": 4,
     "intermediate_size": 512,
-    "steps": 900,
+    "steps": 1000,
     "batch_size": 32,
-    "lr": 3e-3,
+    "lr": 1.5e-3,
     "warmup_steps": 30,
     "weight_decay": 0.01,
     "seed": 0,
@@ -240,10 +240,37 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "parameters": n_params, **loss}
 
 
+def split_by_length(rows: list[tuple[list[int], int]]) -> list[list[tuple[list[int], int]]]:
+    """``rows`` as one or two groups of similar length, whichever pads less.
+
+    The rows are sorted by length and cut where the padded area (rows x longest row, summed over
+    the groups) is smallest; a cut is taken only if it saves at least a fifth of the area (a
+    second pass has its own cost). Here it separates the short solutions from the longer
+    localization examples, which would otherwise pad every solution to ~110 tokens.
+    """
+    rows = sorted(rows, key=lambda r: len(r[0]))
+    n, lengths = len(rows), [len(r[0]) for r in rows]
+    whole = n * lengths[-1]
+    best, cut = whole, n
+    for k in range(1, n):
+        area = k * lengths[k - 1] + (n - k) * lengths[-1]
+        if area < best:
+            best, cut = area, k
+    if best > 0.8 * whole:
+        return [rows]
+    return [rows[:cut], rows[cut:]]
+
+
 def _warm_start(
     model: torch.nn.Module, data: list[tuple[list[int], int]], pad_id: int, args: dict[str, Any]
 ) -> dict[str, float]:
-    """Supervised warm start: AdamW, linear warmup then cosine decay, epoch-wise shuffling."""
+    """Supervised warm start: AdamW, linear warmup then cosine decay, epoch-wise shuffling.
+
+    The loss of a batch is the mean over its target tokens. A batch is run as one or two passes
+    of rows of similar length (:func:`split_by_length`) whose summed token losses are divided by
+    the batch's number of target tokens: the same loss and gradient as one padded pass, with
+    less padding.
+    """
     steps, bs = int(args["steps"]), int(args["batch_size"])
     opt = torch.optim.AdamW(
         model.parameters(), lr=args["lr"], weight_decay=args["weight_decay"], betas=(0.9, 0.98)
@@ -265,14 +292,22 @@ def _warm_start(
         if len(order) < bs:
             order += torch.randperm(len(data), generator=gen).tolist()
         idx, order = order[:bs], order[bs:]
-        ids, mask, labels = _batch([data[i] for i in idx], pad_id)
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
+        rows = [data[i] for i in idx]
+        n_target = sum(len(ids) - n_prompt for ids, n_prompt in rows)
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        total = 0.0
+        for part in split_by_length(rows):
+            ids, mask, labels = _batch(part, pad_id)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="sum"
+            )
+            (loss / n_target).backward()
+            total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        value = float(out.loss.detach())
+        value = total / n_target
         first = value if step == 0 else first
         ema = value if step == 0 else 0.95 * ema + 0.05 * value
         bar(step, ema)

@@ -263,3 +263,34 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
     assert prompt.startswith("<s>Check: Start ") and prompt.endswith("First wrong step:")
     n = prompt.count("\nStep ")
     assert 1 <= parse_localization(answer, n)[0] <= n and parse_localization(answer, n)[1] == "boxed"
+
+
+def test_warm_start_split_passes_equal_one_padded_pass() -> None:
+    """The warm start runs a batch as length groups; loss and gradient equal the padded batch's
+    token-mean loss (HF's own loss over one padded pass)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from creditlab_arith import model as recipe
+
+    rows = [([1, 5, 6, 7, 8, 2], 2), ([1, 5, 6, 2], 3)] * 3 + [([1] + list(range(5, 25)) + [2], 15)] * 2
+    parts = recipe.split_by_length(rows)
+    assert [len(p) for p in parts] == [6, 2]  # short rows, then the long ones
+    assert recipe.split_by_length(rows[:6]) == [sorted(rows[:6], key=lambda r: len(r[0]))]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2))
+    ids, mask, labels = recipe._batch(rows, 0)
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    n_target = sum(len(r) - n for r, n in rows)
+    for part in parts:
+        ids, mask, labels = recipe._batch(part, 0)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 32), labels[:, 1:].reshape(-1), reduction="sum")
+        (loss / n_target).backward()
+    for a, p in zip(want, model.parameters()):
+        torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
