@@ -64,7 +64,9 @@ def test_dr_grpo_preset_runs(tmp_path):
 EXTRA = {"vineppo": ["advantage.rollouts=2"], "srpo": ["reset_selector.max_new_tokens=8"]}
 
 
-@pytest.mark.parametrize("method", ["rrpo", "srpo", "srpo_oracle", "vineppo", "rredcot", "oar_p", "oar_g"])
+@pytest.mark.parametrize(
+    "method", ["rrpo", "srpo", "srpo_oracle", "vineppo", "rredcot", "oar_p", "oar_g", "ibpo"]
+)
 def test_method_presets_run(tmp_path, method):
     extra = EXTRA.get(method, [])
     _train(tmp_path, f"method={method}", "trainer.max_steps=1", "eval.every=0", *extra)
