@@ -140,7 +140,10 @@ def test_hanging_verification_times_out_and_pool_recovers(mv):
     assert [i["outcome"] for i in rewards.info] == ["timeout", "correct", "wrong", "correct"]
     assert rewards.values == (0.0, 1.0, 0.0, 1.0)
     assert "exceeded" in rewards.info[0]["error"]
-    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 3.0
+    # The hang lasts an hour: finishing at all proves the worker was cut off at the timeout. The
+    # upper bound is loose on purpose (a replacement worker re-imports math-verify, slow under
+    # load); speed belongs in benchmarks, not in assertions.
+    assert TIMEOUT_S <= elapsed < 120.0
     metrics = mv.metrics()
     assert metrics["timeout_count"] == 1 and metrics["worker_restarts"] == 1
     # The killed worker was replaced: a full batch works afterwards.
