@@ -223,6 +223,18 @@ def _pick_baseline(labels: list[str], runs: list[Run], by: list[str], wanted: st
     return used[0]
 
 
+def _check_metric(runs: list[Run], metric: str) -> None:
+    """Raise when no run logs ``metric`` at all (a typo), naming the closest logged key."""
+    keys = sorted({k for r in runs for row in r.rows for k in row})
+    if keys and metric not in keys:
+        hint = closest(metric, keys)
+        evals = [k for k in keys if k.startswith("eval/")]
+        raise CompareError(
+            f"--metric {metric}: no run logs it." + (f" Did you mean '{hint}'?" if hint else "")
+            + f" Evaluation keys logged: {', '.join(evals) or 'none (eval.every=0?)'}."
+        )
+
+
 def compare(
     paths: list[str | Path],
     by: list[str] | tuple[str, ...] = ("method",),
@@ -249,8 +261,9 @@ def compare(
         CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group.
     """
     by = list(by)
-    runs = [load_run(p, metric) for p in find_runs(paths)]
+    runs = [load_run(p) for p in find_runs(paths)]
     short_names(runs)
+    _check_metric(runs, metric)
     warnings = assign_groups(runs, by)
     select_used(runs, metric, include_unfinished)
     warnings += config_mismatches([r for r in runs if r.used], by)

@@ -144,13 +144,17 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None if missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -172,7 +176,7 @@ def _classify(run: Run, status: dict[str, Any] | None, has_summary: bool) -> Non
             run.detail = f"crashed after {of}: {err.get('type', '?')}: {err.get('message', '')}".rstrip(": ")
         elif status.get("host") not in (None, socket.gethostname()):
             run.status, run.detail = "running", f"running on host {status['host']} (cannot check its pid), {of} so far"
-        elif _pid_alive(int(status.get("pid", -1))):
+        elif _pid_alive(status.get("pid")):
             run.status, run.detail = "running", f"still running (pid {status.get('pid')}), {of} so far"
         else:
             run.status = "killed"
@@ -187,7 +191,7 @@ def _classify(run: Run, status: dict[str, Any] | None, has_summary: bool) -> Non
                       "older run without status.json, so which one cannot be told)")
 
 
-def load_run(path: Path, metric: str = "eval/pass@1") -> Run:
+def load_run(path: Path) -> Run:
     """Read one run directory and classify it (see :class:`Run`)."""
     import yaml
 

@@ -147,6 +147,8 @@ def test_unknown_by_key_and_baseline_suggest(tmp_path):
         compare([tmp_path], by=["advantage.stdd"])
     with pytest.raises(CompareError, match="Did you mean 'grpo'.*Groups: grpo"):
         compare([tmp_path], baseline="gpro")
+    with pytest.raises(CompareError, match="--metric eval/pass@2: no run logs it. Did you mean 'eval/pass@1'"):
+        compare([tmp_path], metric="eval/pass@2")
 
 
 def test_full_comparison_by_hand(tmp_path):
@@ -235,6 +237,15 @@ def test_bad_runs_are_reported_not_dropped(tmp_path):
     assert {r.name for r in report.runs if r.used} == {r.name for r in c.runs} - {"empty"}
 
 
+def test_unreadable_status_falls_back_to_the_old_rules(tmp_path):
+    cut = make_run(tmp_path, "cut", status=None, summary=False)
+    (cut / "status.json").write_text('{"status": "runn')
+    no_pid = make_run(tmp_path, "no-pid", status=None, summary=False)
+    (no_pid / "status.json").write_text('{"status": "running"}')
+    assert load_run(cut).status == "partial"
+    assert load_run(no_pid).status == "killed"
+
+
 def test_config_mismatch_within_a_group_warns(tmp_path):
     make_run(tmp_path, "a", seed=0, steps=4)
     make_run(tmp_path, "b", seed=1, steps=4, cfg={"trainer.max_steps": 8})
@@ -281,4 +292,4 @@ def test_cli_errors_exit_2_with_a_message(tmp_path, capsys):
             main(argv)
         assert exc.value.code == 2
         err = capsys.readouterr().err
-        assert f"creditlab: error: " in err and text in err, err
+        assert "creditlab: error: " in err and text in err, err
