@@ -1,16 +1,18 @@
-"""``creditlab train | plugins``.
+"""``creditlab train | plugins | compare``.
 
 ``creditlab train [overrides] [-m]`` checks the overrides first (composing the config and
 validating every section and plug-in name), so mistakes end with one clear line naming the fix
 instead of a traceback; then it hands over to Hydra, which runs one job or a multirun sweep.
+``creditlab compare RUN_DIR...`` aggregates finished runs into a report (docs/comparing.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from creditlab.registry import REGISTRIES, ConfigError, RegistryError, closest
 
@@ -21,7 +23,7 @@ HYDRA_FLAGS_WITH_VALUE = {
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
-def _error(message: str) -> None:
+def _error(message: str) -> NoReturn:
     print(f"creditlab: error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -159,7 +161,51 @@ def plugins(argv: list[str]) -> None:
     Console(width=160).print(table)
 
 
-COMMANDS = {"train": train, "plugins": plugins}
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse, but errors end like the rest of the CLI: ``creditlab: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _error(message)
+
+
+def compare(argv: list[str]) -> None:
+    """Aggregate run directories over seeds, test each group against a baseline, write a report."""
+    parser = _ArgumentParser(
+        prog="creditlab compare",
+        description="Compare runs grouped by config keys (seeds are the replicates): tables, learning curves "
+        "with 95%% confidence bands and paired bootstrap tests against a baseline. See docs/comparing.md.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. multirun/<date>)")
+    parser.add_argument("--by", default="method", help="comma-separated config keys defining a group (default: method)")
+    parser.add_argument("--baseline", default=None, help="group to test against (default: grpo if present, else the first group)")
+    parser.add_argument("--threshold", type=float, default=None, help="accuracy for tokens-to-threshold (default: the baseline's final mean)")
+    parser.add_argument("--metric", default="eval/pass@1", help="evaluation metric (default: eval/pass@1)")
+    parser.add_argument("--out", default="compare", help="output folder (default: ./compare)")
+    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (default: 10000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    parser.add_argument("--include-unfinished", action="store_true",
+                        help="also count running, killed, crashed and partial runs that have evaluations")
+    args = parser.parse_args(argv)
+    by = [k.strip() for k in args.by.split(",") if k.strip()]
+    if not by:
+        _error("--by needs at least one config key, e.g. --by method or --by method,rollout.resets")
+    if args.bootstrap < 1:
+        _error(f"--bootstrap must be a positive number of resamples, got {args.bootstrap}")
+
+    from creditlab.compare import CompareError
+    from creditlab.compare import compare as run_compare
+    from creditlab.report import print_summary, write_report
+
+    try:
+        result = run_compare(args.paths, by, args.baseline, args.threshold, args.metric, args.bootstrap,
+                             args.seed, args.include_unfinished)
+    except CompareError as exc:
+        _error(str(exc))
+    print_summary(result, write_report(result, args.out))
+
+
+COMMANDS = {"train": train, "plugins": plugins, "compare": compare}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,9 +214,10 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] not in ("-h", "--help"):
             hint = closest(argv[0], list(COMMANDS))
             print(f"creditlab: unknown command '{argv[0]}'." + (f" Did you mean '{hint}'?" if hint else ""), file=sys.stderr)
-        print("usage: creditlab {train,plugins} [args]\n"
+        print("usage: creditlab {train,plugins,compare} [args]\n"
               "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
-              "  plugins                      list registered parts", file=sys.stderr)
+              "  plugins                      list registered parts\n"
+              "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs", file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     COMMANDS[argv[0]](argv[1:])

@@ -6,6 +6,9 @@ import copy
 import hashlib
 import json
 import logging
+import os
+import socket
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.datamodule import TaskDataModule
@@ -68,7 +72,37 @@ def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: A
     return loggers
 
 
+@rank_zero_only
+def write_status(out_dir: Path, status: str, started: str, error: BaseException | None = None) -> None:
+    """Write ``<out_dir>/status.json`` atomically: ``running``, ``finished`` or ``failed``.
+
+    ``creditlab compare`` reads it to tell a crashed run (``failed``, with the exception) from one
+    still running or killed (``running`` with a pid that is, or is no longer, alive on ``host``).
+    """
+    state: dict[str, Any] = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
+    if status != "running":
+        state["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if error is not None:
+        state["error"] = {"type": type(error).__name__, "message": str(error)}
+    tmp = out_dir / "status.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, out_dir / "status.json")
+
+
 def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Fit as configured (see ``_fit``), recording the run's state in ``status.json``."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    write_status(out_dir, "running", started)
+    try:
+        summary = _fit(cfg, checked, out_dir)
+    except BaseException as exc:
+        write_status(out_dir, "failed", started, exc)
+        raise
+    write_status(out_dir, "finished", started)
+    return summary
+
+
+def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Build model, parts, data, module and trainer; fit; return the last logged metrics."""
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)

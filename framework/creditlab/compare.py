@@ -1,0 +1,298 @@
+"""``creditlab compare``: aggregate run directories over seeds and test groups against a baseline.
+
+Reading and classifying runs is :mod:`creditlab.rundirs`; the statistics are :mod:`creditlab.stats`;
+rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.report`. ``docs/comparing.md``
+explains every number. The entry point is :func:`compare`; it returns a :class:`Comparison` that
+holds every run (used or not, with its reason), the per-group statistics, the bootstrap tests and
+the aggregated learning curves.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from creditlab import stats
+from creditlab.rundirs import (
+    AXES, REWARD, CompareError, Run, assign_groups, config_mismatches, find_runs, load_run, select_used,
+    short_names,
+)
+from creditlab.registry import closest
+
+CREDIT_PREFIX = "train/credit/"
+STEP_TIME = "time/step_s"
+TESTED = {"final": "final accuracy", "auc": "AUC"}
+#: Below this many seeds per group the bootstrap is flagged as descriptive in the test's note.
+FEW_SEEDS = 5
+
+
+@dataclass
+class Band:
+    """A learning curve averaged over seeds: mean and 95% t half-width at each ``x``.
+
+    Attributes:
+        x: Grid (RL steps the seeds share, or an even grid over the range they all cover).
+        mean: Mean over seeds at each point.
+        half: 95% t half-width (nan with one seed).
+        n: Seeds.
+        interpolated: Whether seeds were linearly interpolated onto ``x``.
+    """
+
+    x: np.ndarray
+    mean: np.ndarray
+    half: np.ndarray
+    n: int
+    interpolated: bool
+
+
+@dataclass
+class GroupStats:
+    """One group's numbers over its used runs (one run per seed).
+
+    Attributes:
+        label: Group label (config value(s) of the ``--by`` keys).
+        runs: Every run of the group, used or not.
+        values: Per used run, ``(seed, value)`` for ``final`` and ``auc``.
+        final: Final accuracy, mean and 95% t-interval.
+        final_steps: The RL step of each used run's last evaluation.
+        auc: Normalised area under the evaluation curve, mean and 95% t-interval.
+        to_threshold: Per token axis, (median tokens to threshold or None, seeds reaching it).
+        step_time: Median seconds per RL step, pooled over the used runs' steps.
+        credit: ``train/credit/*`` key -> mean over seeds of each run's average.
+    """
+
+    label: str
+    runs: list[Run]
+    values: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)
+    final: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
+    final_steps: list[int] = field(default_factory=list)
+    auc: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
+    to_threshold: dict[str, tuple[float | None, int]] = field(default_factory=dict)
+    step_time: float | None = None
+    credit: dict[str, stats.MeanCI] = field(default_factory=dict)
+
+    @property
+    def used(self) -> list[Run]:
+        return [r for r in self.runs if r.used]
+
+
+@dataclass
+class Test:
+    """A bootstrap test of one group against the baseline on one per-seed quantity."""
+
+    label: str
+    quantity: str
+    result: stats.BootstrapResult | None
+    note: str
+
+
+@dataclass
+class Comparison:
+    """Everything the report shows."""
+
+    settings: dict[str, Any]
+    runs: list[Run]
+    groups: list[GroupStats]
+    tests: list[Test]
+    curves: dict[tuple[str, str], dict[str, Band]]
+    warnings: list[str]
+
+    @property
+    def baseline(self) -> str:
+        return self.settings["baseline"]
+
+
+def aggregate_curve(runs: list[Run], metric: str, axis: str) -> Band | None:
+    """Average ``metric`` over ``runs`` against ``axis``.
+
+    On the step axis the seeds are aligned on the RL steps they all logged (no interpolation).
+    Otherwise (tokens, time; or steps the seeds do not share) each seed is linearly interpolated
+    onto an even 100-point grid over the x-range every seed covers: no extrapolation.
+    """
+    curves = [c for c in (r.curve(metric, axis) for r in runs) if c[0]]
+    if not curves:
+        return None
+    if axis == "step":
+        shared = sorted(set.intersection(*(set(xs) for xs, _ in curves)))
+        if len(shared) >= 2 or max(len(xs) for xs, _ in curves) == 1:
+            matrix = np.array([[dict(zip(xs, ys))[s] for s in shared] for xs, ys in curves])
+            return Band(np.array(shared, dtype=float), *stats.band(matrix), len(curves), False) if shared else None
+    grid = stats.common_grid(curves)
+    if not len(grid):
+        return None
+    matrix = np.array([stats.resample(xs, ys, grid) for xs, ys in curves])
+    return Band(grid, *stats.band(matrix), len(curves), True)
+
+
+def _credit(runs: list[Run]) -> dict[str, stats.MeanCI]:
+    keys = sorted({k for r in runs for row in r.rows for k in row if k.startswith(CREDIT_PREFIX)})
+    out = {}
+    for key in keys:
+        per_run = []
+        for run in runs:
+            vals = [v for row in run.rows if isinstance(v := row.get(key), (int, float)) and math.isfinite(v)]
+            if vals:
+                per_run.append(statistics.fmean(vals))
+        out[key[len(CREDIT_PREFIX):]] = stats.mean_ci(per_run)
+    return out
+
+
+def group_stats(label: str, runs: list[Run], metric: str) -> GroupStats:
+    """Final accuracy, AUC, step time and credit metrics of one group (threshold comes later)."""
+    g = GroupStats(label, runs)
+    finals, aucs = [], []
+    for run in g.used:
+        xs, ys = run.curve(metric)
+        finals.append((run.seed, ys[-1]))
+        aucs.append((run.seed, stats.normalized_auc(xs, ys)))
+        g.final_steps.append(int(xs[-1]))
+    g.values = {"final": finals, "auc": aucs}
+    g.final = stats.mean_ci([v for _, v in finals])
+    g.auc = stats.mean_ci([v for _, v in aucs])
+    times = [row[STEP_TIME] for r in g.used for row in r.rows if isinstance(row.get(STEP_TIME), (int, float))]
+    g.step_time = statistics.median(times) if times else None
+    g.credit = _credit(g.used)
+    return g
+
+
+def tokens_to_threshold(g: GroupStats, metric: str, threshold: float) -> None:
+    """Per token axis: the median over seeds (a seed never reaching counts as infinite) of the
+    tokens at the first evaluation with ``metric >= threshold``, and how many seeds reached it."""
+    for axis in ("tokens/trained", "tokens/generated"):
+        hits = [stats.first_crossing(*r.curve(metric, axis), threshold) for r in g.used]
+        g.to_threshold[axis] = (stats.median_with_misses(hits), sum(h is not None for h in hits))
+
+
+def _pairing(g: GroupStats, base: GroupStats, quantity: str) -> tuple[bool | None, list[float], list[float], str]:
+    """Pair seeds both groups have; unpaired when fewer than two match; None when too few runs."""
+    gv, bv = g.values[quantity], base.values[quantity]
+    g_seeds, b_seeds = [s for s, _ in gv], [s for s, _ in bv]
+    unique = None not in g_seeds + b_seeds and len(set(g_seeds)) == len(g_seeds) and len(set(b_seeds)) == len(b_seeds)
+    common = sorted(set(g_seeds) & set(b_seeds), key=str) if unique else []
+    if len(common) >= 2:
+        gd, bd = dict(gv), dict(bv)
+        note = f"paired on seeds {', '.join(map(str, common))}"
+        extra = sorted((set(g_seeds) ^ set(b_seeds)), key=str)
+        if extra:
+            note += f"; seeds {', '.join(map(str, extra))} have no partner and are left out of this test"
+        return True, [gd[s] for s in common], [bd[s] for s in common], note
+    if len(gv) >= 2 and len(bv) >= 2:
+        why = "duplicate or unknown seeds" if not unique else (
+            f"seeds do not match (baseline {', '.join(map(str, b_seeds))}; this group {', '.join(map(str, g_seeds))})")
+        return False, [v for _, v in gv], [v for _, v in bv], f"UNPAIRED bootstrap: {why}"
+    return None, [], [], f"no test: needs at least 2 runs in each group (has {len(gv)}, baseline {len(bv)})"
+
+
+def bootstrap_tests(groups: list[GroupStats], base: GroupStats, resamples: int, seed: int) -> list[Test]:
+    """Each non-baseline group against ``base`` on final accuracy and AUC."""
+    tests = []
+    for g in groups:
+        if g is base:
+            continue
+        for quantity in TESTED:
+            paired, gv, bv, note = _pairing(g, base, quantity)
+            result = None if paired is None else stats.bootstrap_diff(gv, bv, paired, resamples, seed)
+            if result is not None and min(len(gv), len(bv)) < FEW_SEEDS:
+                note += f"; only {min(len(gv), len(bv))} seeds: interval too narrow, p too small (descriptive)"
+            tests.append(Test(g.label, quantity, result, note))
+    return tests
+
+
+def _pick_baseline(labels: list[str], runs: list[Run], by: list[str], wanted: str | None) -> str:
+    """``wanted`` (a label, or comma-joined values of the ``--by`` keys); by default the first
+    group whose ``method`` is ``grpo``, else the first group with a usable run."""
+    if wanted is not None:
+        values = {",".join(str(r.config.get(k, "(missing)")) for k in by): r.group for r in runs}
+        if wanted in labels or wanted in values:
+            return wanted if wanted in labels else values[wanted]
+        hint = closest(wanted, labels)
+        raise CompareError(
+            f"--baseline {wanted}: no such group." + (f" Did you mean '{hint}'?" if hint else "")
+            + f" Groups: {', '.join(labels)}."
+        )
+    used = [lb for lb in labels if any(r.used and r.group == lb for r in runs)] or labels
+    if "method" in by:
+        grpo = [lb for lb in used if any(r.group == lb and r.config.get("method") == "grpo" for r in runs)]
+        if grpo:
+            return grpo[0]
+    return used[0]
+
+
+def _check_metric(runs: list[Run], metric: str) -> None:
+    """Raise when no run logs ``metric`` at all (a typo), naming the closest logged key."""
+    keys = sorted({k for r in runs for row in r.rows for k in row})
+    if keys and metric not in keys:
+        hint = closest(metric, keys)
+        evals = [k for k in keys if k.startswith("eval/")]
+        raise CompareError(
+            f"--metric {metric}: no run logs it." + (f" Did you mean '{hint}'?" if hint else "")
+            + f" Evaluation keys logged: {', '.join(evals) or 'none (eval.every=0?)'}."
+        )
+
+
+def compare(
+    paths: list[str | Path],
+    by: list[str] | tuple[str, ...] = ("method",),
+    baseline: str | None = None,
+    threshold: float | None = None,
+    metric: str = "eval/pass@1",
+    resamples: int = 10000,
+    seed: int = 0,
+    include_unfinished: bool = False,
+) -> Comparison:
+    """Find, read, group and aggregate runs; test each group against the baseline.
+
+    Args:
+        paths: Run directories and/or folders holding them (searched recursively).
+        by: Config keys whose values define a group (dotted, e.g. ``advantage.std``).
+        baseline: Group label to test against (default: ``grpo`` if present, else the first group).
+        threshold: Accuracy for tokens-to-threshold (default: the baseline's final mean).
+        metric: The evaluation metric (``eval/pass@1``).
+        resamples: Bootstrap resamples.
+        seed: Bootstrap generator seed.
+        include_unfinished: Count running/killed/crashed/partial runs with evaluations.
+
+    Raises:
+        CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group.
+    """
+    by = list(by)
+    runs = [load_run(p) for p in find_runs(paths)]
+    short_names(runs)
+    _check_metric(runs, metric)
+    warnings = assign_groups(runs, by)
+    select_used(runs, metric, include_unfinished)
+    warnings += config_mismatches([r for r in runs if r.used], by)
+    labels = sorted({r.group for r in runs})
+    base_label = _pick_baseline(labels, runs, by, baseline)
+    labels = [base_label] + [lb for lb in labels if lb != base_label]
+    groups = [group_stats(lb, [r for r in runs if r.group == lb], metric) for lb in labels]
+    base = groups[0]
+    source = "--threshold"
+    if threshold is None:
+        threshold = base.final.mean if base.final.n else None
+        source = f"baseline '{base_label}' final mean"
+    for g in groups:
+        if threshold is not None:
+            tokens_to_threshold(g, metric, threshold)
+    for g in groups:
+        steps = sorted(set(g.final_steps))
+        if len(steps) > 1:
+            warnings.append(f"group '{g.label}': runs end at different steps ({', '.join(map(str, steps))}); "
+                            "final accuracy mixes them")
+        if not g.used:
+            warnings.append(f"group '{g.label}': no usable run (see the runs table)")
+    bad = [r for r in runs if r.status != "finished"]
+    if bad:
+        warnings.insert(0, f"{len(bad)} of {len(runs)} runs did not finish cleanly: "
+                        + "; ".join(f"{r.name}: {r.detail}" for r in bad))
+    curves = {(axis, m): {g.label: b for g in groups if (b := aggregate_curve(g.used, m, axis)) is not None}
+              for m in (metric, REWARD) for axis in AXES}
+    settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
+                "threshold": threshold, "threshold_source": source, "bootstrap": resamples, "seed": seed,
+                "include_unfinished": include_unfinished}
+    return Comparison(settings, runs, groups, bootstrap_tests(groups, base, resamples, seed), curves, warnings)

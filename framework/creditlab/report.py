@@ -1,0 +1,304 @@
+"""Render a :class:`~creditlab.compare.Comparison`: PNG plots, ``report.md``, a self-contained
+``report.html`` (plots embedded), ``compare.json`` and a terminal summary (rich).
+
+The Markdown and HTML reports are built from one list of blocks, so they always say the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from creditlab.compare import TESTED, Comparison, GroupStats, Test
+from creditlab.rundirs import AXES, REWARD
+from creditlab.stats import MeanCI
+
+PLOT_FILES = {"step": "curves_step.png", "tokens/trained": "curves_tokens_trained.png",
+              "tokens/generated": "curves_tokens_generated.png", "time/train_s": "curves_time.png"}
+FINAL_PLOT = "final.png"
+Block = tuple  # ("h2", text) | ("p", text) | ("ul", [text]) | ("table", header, rows) | ("img", file, alt)
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+def fmt_ci(ci: MeanCI, digits: int = 3) -> str:
+    """``0.812 ± 0.034 (n=3)``; one seed has no interval; no seed is a dash."""
+    if ci.n == 0:
+        return "—"
+    if ci.n == 1:
+        return f"{ci.mean:.{digits}f} (n=1, no CI)"
+    return f"{ci.mean:.{digits}f} ± {ci.half_width:.{digits}f} (n={ci.n})"
+
+
+def fmt_tokens(entry: tuple[float | None, int] | None, n: int) -> str:
+    """Median tokens to threshold with the seeds that reached it, or "not reached"."""
+    if entry is None or n == 0:
+        return "—"
+    median, reached = entry
+    if median is None:
+        return f"not reached ({reached}/{n})"
+    return f"{median:,.0f} ({reached}/{n} reached)"
+
+
+def fmt_test(t: Test) -> tuple[str, str, str]:
+    """(difference, 95% CI, p) of one test, dashes when there was none."""
+    if t.result is None:
+        return "—", "—", "—"
+    r = t.result
+    return f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]", f"{r.p_value:.4f}"
+
+
+def _span(values: list[int]) -> str:
+    """``6``, ``4–6`` (runs end at different steps) or a dash."""
+    if not values:
+        return "—"
+    return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+
+
+def _threshold(c: Comparison) -> str:
+    thr = c.settings["threshold"]
+    return "none (no baseline result)" if thr is None else f"{thr:.3f} ({c.settings['threshold_source']})"
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+def plot_curves(c: Comparison, out: Path) -> list[Path]:
+    """One PNG per x-axis: evaluation metric (left) and train reward (right), mean ± 95% CI."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {g.label: f"C{i % 10}" for i, g in enumerate(c.groups)}
+    written = []
+    for axis, name in PLOT_FILES.items():
+        panels = [(c.settings["metric"], f"held-out {c.settings['metric']}"), (REWARD, "train reward (mean)")]
+        if not any(c.curves[(axis, m)] for m, _ in panels):
+            continue
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, (metric, title) in zip(axes, panels):
+            for label, b in c.curves[(axis, metric)].items():
+                style = "-" if b.interpolated or len(b.x) > 12 else "o-"
+                ax.plot(b.x, b.mean, style, color=colors[label], label=f"{label} (n={b.n})", ms=4)
+                if b.n > 1:
+                    ax.fill_between(b.x, b.mean - b.half, b.mean + b.half, color=colors[label], alpha=0.18)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel(AXES[axis] + (" (seeds interpolated)" if axis != "step" else ""))
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle("mean over seeds, shaded: 95% t-interval", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+    if any(g.used for g in c.groups):
+        written.append(_plot_final(c, out / FINAL_PLOT, colors, plt))
+    return written
+
+
+def _plot_final(c: Comparison, path: Path, colors: dict[str, str], plt: Any) -> Path:
+    """Per-seed final accuracy (dots, seed labelled) with the group mean and 95% CI (bar)."""
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(c.groups) + 2), 3.6))
+    for i, g in enumerate(c.groups):
+        vals = g.values.get("final", [])
+        for j, (seed, v) in enumerate(vals):
+            x = i + (j - (len(vals) - 1) / 2) * 0.06
+            ax.plot(x, v, "o", color=colors[g.label], alpha=0.6, ms=5)
+            ax.annotate(str(seed), (x, v), fontsize=6, xytext=(3, 0), textcoords="offset points")
+        if g.final.n:
+            err = 0 if math.isnan(g.final.half_width) else g.final.half_width
+            ax.errorbar(i + 0.25, g.final.mean, yerr=err, fmt="s", color="black", capsize=4, ms=5)
+    ax.set_xticks(range(len(c.groups)), [g.label for g in c.groups], rotation=20, fontsize=8)
+    ax.set_ylabel(f"final {c.settings['metric']}")
+    ax.set_title("final accuracy per seed (dots) and mean ± 95% CI (square)", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# -- the report's content ------------------------------------------------------------------------
+
+def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The per-group results table."""
+    header = ["group", "n", "seeds", f"final {c.settings['metric']} (mean ± 95% CI)", "final step",
+              "AUC (mean ± 95% CI)", "trained tokens to threshold", "generated tokens to threshold",
+              "median s/step"]
+    rows = []
+    for g in c.groups:
+        n = len(g.used)
+        steps = sorted(set(g.final_steps))
+        rows.append([
+            g.label + (" (baseline)" if g.label == c.baseline else ""), str(n),
+            ", ".join(str(s) for s, _ in g.values.get("final", [])) or "—",
+            fmt_ci(g.final), _span(steps), fmt_ci(g.auc),
+            fmt_tokens(g.to_threshold.get("tokens/trained"), n),
+            fmt_tokens(g.to_threshold.get("tokens/generated"), n),
+            "—" if g.step_time is None else f"{g.step_time:.3f}",
+        ])
+    return header, rows
+
+
+def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    header = ["group", "quantity", f"difference vs {c.baseline}", "95% bootstrap CI", "p (two-sided)", "pairing"]
+    return header, [[t.label, TESTED[t.quantity], *fmt_test(t), t.note] for t in c.tests]
+
+
+def credit_rows(groups: list[GroupStats]) -> tuple[list[str], list[list[str]]]:
+    keys = sorted({k for g in groups for k in g.credit})
+    rows = [[g.label, *[fmt_ci(g.credit[k]) if k in g.credit else "—" for k in keys]] for g in groups if g.credit]
+    return ["group", *keys], rows
+
+
+def run_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    header = ["run", "group", "seed", "status", "steps", f"last {c.settings['metric']}", "counted", "detail"]
+    rows = []
+    for r in c.runs:
+        ys = r.curve(c.settings["metric"])[1]
+        steps = f"{r.steps}/{r.max_steps if r.max_steps is not None else '?'}"
+        rows.append([r.name, r.group, str(r.seed), r.status, steps, f"{ys[-1]:.3f}" if ys else "—",
+                     "yes" if r.used else f"no: {r.reason}", r.detail])
+    return header, rows
+
+
+def blocks(c: Comparison, images: list[Path]) -> list[Block]:
+    """The report as blocks (rendered to Markdown and HTML)."""
+    s = c.settings
+    out: list[Block] = [
+        ("h1", "creditlab compare"),
+        ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {', '.join(s['paths'])}: {len(c.runs)} run(s), "
+              f"{len(c.groups)} group(s) by {', '.join(s['by'])}; baseline '{c.baseline}'; "
+              f"metric {s['metric']}; threshold {_threshold(c)}; bootstrap {s['bootstrap']} resamples, seed {s['seed']}."),
+    ]
+    if c.warnings:
+        out += [("h2", "Warnings"), ("ul", c.warnings)]
+    out += [("h2", "Results per group"), ("table", *group_rows(c)),
+            ("p", "n: seeds counted. Final: each seed's last evaluation. AUC: area under the evaluation "
+                  "curve divided by its step range (the average accuracy during training). Tokens to "
+                  "threshold: median over seeds of the tokens at the first evaluation at or above the "
+                  "threshold (seeds that never reach it count as infinite). See docs/comparing.md.")]
+    if c.tests:
+        out += [("h2", f"Against the baseline '{c.baseline}' (bootstrap of the mean difference)"),
+                ("table", *test_rows(c)),
+                ("p", "Paired: per-seed differences resampled with replacement. Unpaired: each group "
+                      "resampled on its own. With few seeds (< ~10) the bootstrap interval is too narrow "
+                      "and the p-value too small: read them as descriptive.")]
+    header, rows = credit_rows(c.groups)
+    out += [("h2", "Credit quality (train/credit/*, averaged over each run, then over seeds)")]
+    out += [("table", header, rows)] if rows else [("p", "No train/credit/* metrics in these runs.")]
+    out += [("h2", "Plots")] + [("img", p.name, p.stem) for p in images]
+    out += [("p", "Step axis: seeds aligned on the evaluation steps they share. Token and time axes: each "
+                  "seed linearly interpolated onto a 100-point grid over the range every seed covers."),
+            ("h2", "Runs"), ("table", *run_rows(c))]
+    return out
+
+
+# -- renderers -----------------------------------------------------------------------------------
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(items: list[Block]) -> str:
+    lines: list[str] = []
+    for kind, *rest in items:
+        if kind in ("h1", "h2"):
+            lines += [("# " if kind == "h1" else "## ") + rest[0], ""]
+        elif kind == "p":
+            lines += [rest[0], ""]
+        elif kind == "ul":
+            lines += [f"- {_md_cell(x)}" for x in rest[0]] + [""]
+        elif kind == "table":
+            header, rows = rest
+            lines += ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
+        elif kind == "img":
+            lines += [f"![{rest[1]}]({rest[0]})", ""]
+    return "\n".join(lines)
+
+
+def to_html(items: list[Block], out: Path) -> str:
+    e = html.escape
+    body: list[str] = []
+    for kind, *rest in items:
+        if kind in ("h1", "h2", "p"):
+            body.append(f"<{kind}>{e(rest[0])}</{kind}>")
+        elif kind == "ul":
+            body.append("<ul class='warn'>" + "".join(f"<li>{e(x)}</li>" for x in rest[0]) + "</ul>")
+        elif kind == "table":
+            header, rows = rest
+            body.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"
+                        + "".join("<tr>" + "".join(f"<td>{e(x)}</td>" for x in row) + "</tr>" for row in rows)
+                        + "</table>")
+        elif kind == "img":
+            data = base64.b64encode((out / rest[0]).read_bytes()).decode()
+            body.append(f"<p><img alt='{e(rest[1])}' src='data:image/png;base64,{data}'></p>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;font-size:13px;margin:0.5em 0}"
+             "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}"
+             "th{background:#f3f3f3}.warn li{color:#8a4b00}img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>creditlab compare</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def to_json(c: Comparison) -> dict[str, Any]:
+    """Machine-readable numbers (``compare.json``)."""
+    ci = lambda m: {"mean": m.mean, "ci95_half_width": m.half_width, "n": m.n}  # noqa: E731
+    return {
+        "settings": c.settings,
+        "groups": [{"label": g.label, "seeds": [s for s, _ in g.values.get("final", [])], "final": ci(g.final),
+                    "final_steps": g.final_steps, "auc": ci(g.auc),
+                    "tokens_to_threshold": {k: {"median": v[0], "reached": v[1]} for k, v in g.to_threshold.items()},
+                    "median_step_s": g.step_time, "credit": {k: ci(v) for k, v in g.credit.items()}}
+                   for g in c.groups],
+        "tests": [{"group": t.label, "quantity": t.quantity, "note": t.note,
+                   **({} if t.result is None else {"diff": t.result.diff, "ci95": [t.result.low, t.result.high],
+                                                   "p_value": t.result.p_value, "paired": t.result.paired})}
+                  for t in c.tests],
+        "runs": [{"name": r.name, "path": str(r.path), "group": r.group, "seed": r.seed, "status": r.status,
+                  "detail": r.detail, "steps": r.steps, "max_steps": r.max_steps, "used": r.used, "reason": r.reason}
+                 for r in c.runs],
+        "warnings": c.warnings,
+    }
+
+
+def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
+    """Write plots, ``report.md``, ``report.html`` and ``compare.json`` into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot_curves(c, out)
+    items = blocks(c, images)
+    paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "compare.json"}
+    paths["md"].write_text(to_markdown(items))
+    paths["html"].write_text(to_html(items, out))
+    paths["json"].write_text(json.dumps(to_json(c), indent=2, default=str))
+    return paths
+
+
+def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) -> None:
+    """Groups, tests and warnings as rich tables on the terminal."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console(width=160)
+    for title, (header, rows) in (("creditlab compare", group_rows(c)),
+                                  (f"against baseline '{c.baseline}'", test_rows(c))):
+        if not rows:
+            continue
+        table = Table(title=escape(title))
+        for col in header:
+            table.add_column(escape(col), overflow="fold")
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
+    for warning in c.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    console.print(f"threshold: {escape(_threshold(c))}")
+    console.print(f"report: {paths['md']}  {paths['html']}  (plots and compare.json beside them)")
