@@ -238,7 +238,11 @@ def test_eos_ends_rows_and_is_kept_and_compaction_is_invariant(mt):
         )
         for f in (0.0, 1.0)
     ]
-    assert runs[0] == runs[1]
+    # Same tokens and ends; log-probs equal up to float rounding (compaction changes the batch
+    # shape of the matrix products, which may change the last bits).
+    for a, b in zip(*runs):
+        assert (a.response_ids, a.finish_reason, a.text) == (b.response_ids, b.finish_reason, b.text)
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     ends = [c for c in runs[0] if c.finish_reason == "eos"]
     assert 2 <= len(ends) < len(reqs)  # some rows end early, others keep going
     for c in ends:
