@@ -160,7 +160,7 @@ def plugins(argv: list[str]) -> None:
     from creditlab.registry import conf_entries
 
     for e, path in conf_entries():  # config folders on Hydra's search path (creditlab.conf)
-        table.add_row("conf", e.name, e.dist, e.version, f"{e.target} ({path})")
+        table.add_row("conf", e.name, e.dist, e.version, path)
     Console(width=160).print(table)
 
 

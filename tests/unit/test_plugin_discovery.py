@@ -9,13 +9,13 @@ written to a temporary folder, exactly as pip would lay them out, and found by
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from creditlab.interfaces import AdvantageEstimator
 from creditlab.registry import AUTOLOAD_ENV, REGISTRIES, Registry, RegistryError, conf_entries
+from tests.helpers import write_dist
 
 GOOD = '''
 from creditlab.interfaces import AdvantageEstimator
@@ -26,24 +26,6 @@ class ZeroAdvantage(AdvantageEstimator):
     def estimate(self, batch, ctx=None):
         return Advantages(values=batch.loss_mask * 0)
 '''
-
-
-def write_dist(root: Path, name: str, entry_points: dict[str, dict[str, str]],
-               modules: dict[str, str] | None = None, version: str = "1.2.3") -> None:
-    """Lay out an installed distribution under ``root``: ``<name>-<version>.dist-info`` with
-    METADATA and entry_points.txt, plus ``modules`` (relative path -> source)."""
-    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    lines = []
-    for group, eps in entry_points.items():
-        lines.append(f"[{group}]")
-        lines += [f"{k} = {v}" for k, v in eps.items()]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-    for rel, source in (modules or {}).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(source))
 
 
 @pytest.fixture
