@@ -23,7 +23,9 @@ def test_contract():
 def test_hand_computed_tiny_batch():
     # group 0 rewards (1, 0, 0): 1 - mean(0, 0) = 1;  0 - mean(1, 0) = -0.5 (twice)
     # group 1 rewards (1, 1, 0): 1 - mean(1, 0) = 0.5 (twice);  0 - mean(1, 1) = -1
-    batch = make_batch(groups=2, group_size=3, rewards=[1, 0, 0, 1, 1, 0], trainable_from=[0, 1, 0, 2, 0, 0])
+    batch = make_batch(
+        groups=2, group_size=3, rewards=[1, 0, 0, 1, 1, 0], trainable_from=[0, 1, 0, 2, 0, 0]
+    )
     out = RLOOAdvantage().estimate(batch, FakePolicyHandle())
     expected = torch.tensor([1.0, -0.5, -0.5, 0.5, 0.5, -1.0])
     trained = batch.loss_mask > 0
@@ -83,5 +85,6 @@ def test_metrics_accumulate_then_reset():
 def test_config_validation_names_the_key():
     with pytest.raises(ConfigError, match=r"advantage\.eps must be >= 0"):
         build_config(RLOOAdvantage.Config, {"eps": -1.0}, "advantage")
-    with pytest.raises(ConfigError, match=r"unknown key 'advantage\.batch_sd'.*Did you mean 'advantage\.batch_std'"):
+    hint = r"unknown key 'advantage\.batch_sd'.*Did you mean 'advantage\.batch_std'"
+    with pytest.raises(ConfigError, match=hint):
         build_config(RLOOAdvantage.Config, {"batch_sd": True}, "advantage")

@@ -28,7 +28,9 @@ from creditlab.interfaces import AdvantageEstimator, PolicyHandle
 from creditlab.types import Advantages, RolloutBatch
 
 
-def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+def leave_one_out(
+    rewards: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-completion RLOO advantages.
 
     Args:
@@ -50,7 +52,8 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch
             f"{tuple(group_ids.shape)}."
         )
     if rewards.numel() == 0:
-        return torch.zeros(0, dtype=torch.float64), {"groups": 0.0, "singleton_groups": 0.0, "zero_groups": 0.0}
+        empty = {"groups": 0.0, "singleton_groups": 0.0, "zero_groups": 0.0}
+        return torch.zeros(0, dtype=torch.float64), empty
     r = rewards.detach().to(torch.float64)
     if not torch.isfinite(r).all():
         raise ValueError("rewards contain NaN or inf; check the verifier.")
