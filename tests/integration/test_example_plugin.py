@@ -32,6 +32,10 @@ BIN = Path(sys.executable).parent
 
 def _install(source: Path, target: Path) -> None:
     """Build and install ``source`` into ``target`` without network or build isolation."""
+    assert importlib.util.find_spec("setuptools"), (
+        "building the example needs setuptools in this environment (part of the test extra): "
+        "run `make setup` or `pip install -e '.[test]'`"
+    )
     flags = ["--no-deps", "--no-build-isolation", "--target", str(target), str(source)]
     if importlib.util.find_spec("pip") is not None:
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", *flags]
