@@ -1,5 +1,6 @@
 """Every shipped YAML composes, validates and builds."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,13 @@ SWEEPS = sorted(p.stem for p in (CONF_DIR.parent / "sweeps").glob("*.yaml"))
 
 
 def compose_sweep_job(sweep: str, job: list[str]):
-    """The config of one job of ``+sweeps=<sweep>``, with its ``hydra`` node (sweep dirs)."""
+    """The config of one job of ``+sweeps=<sweep>``, with its ``hydra`` node (sweep dirs).
+    Cached: several tests read the same jobs (do not modify the result)."""
+    return _compose_sweep_job(sweep, tuple(job))
+
+
+@functools.lru_cache(maxsize=None)
+def _compose_sweep_job(sweep: str, job: tuple[str, ...]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
