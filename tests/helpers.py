@@ -13,12 +13,16 @@ token, and ``</thought>`` is one added (non-special) token, so it survives
 ``decode(..., skip_special_tokens=True)``. Special tokens: ``<pad>`` (id 0), ``<eos>`` (1),
 ``<bos>`` (2), ``<unk>`` (3); ``</thought>`` is id 4. No BOS/EOS is added on ``encode``.
 Decoding round-trips text exactly.
+
+:func:`write_dist` lays out an installed distribution (``*.dist-info`` with entry points) in a
+folder, for plug-in discovery tests.
 """
 
 from __future__ import annotations
 
 import os
 import string
+import textwrap
 from pathlib import Path
 
 import torch
@@ -141,3 +145,34 @@ def with_token_bias(model, biases: dict[int, float]):
             head.bias[token_id] = value
     new.lm_head = head
     return new
+
+
+def write_dist(
+    root: str | Path,
+    name: str,
+    entry_points: dict[str, dict[str, str]],
+    modules: dict[str, str] | None = None,
+    version: str = "1.2.3",
+) -> None:
+    """Lay out an installed distribution in ``root`` as pip would (no build, no install).
+
+    Args:
+        root: A folder that is (or will be) on ``sys.path``/``PYTHONPATH``.
+        name: Distribution name (``METADATA`` ``Name``).
+        entry_points: ``{group: {name: "module:attr"}}`` written to ``entry_points.txt``.
+        modules: ``{relative path: source}`` files written under ``root`` (dedented).
+        version: Distribution version.
+    """
+    root = Path(root)
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = []
+    for group, eps in entry_points.items():
+        lines.append(f"[{group}]")
+        lines += [f"{k} = {v}" for k, v in eps.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    for rel, source in (modules or {}).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))

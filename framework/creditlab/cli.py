@@ -143,7 +143,8 @@ def train(argv: list[str]) -> None:
 
 
 def plugins(argv: list[str]) -> None:
-    """Print every registered part: kind, name, distribution, version, module:attr."""
+    """Print every registered part (kind, name, distribution, version, module:attr) and every
+    plug-in config folder (kind ``conf``)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -158,6 +159,10 @@ def plugins(argv: list[str]) -> None:
             continue
         for e in entries:
             table.add_row(kind, e.name, e.dist, e.version, e.target)
+    from creditlab.registry import conf_entries
+
+    for e, path in conf_entries():  # config folders on Hydra's search path (creditlab.conf)
+        table.add_row("conf", e.name, e.dist, e.version, path)
     Console(width=160).print(table)
 
 

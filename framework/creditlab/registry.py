@@ -246,19 +246,43 @@ def registry(kind: str) -> Registry[Any]:
     return REGISTRIES[kind]
 
 
-def conf_dirs() -> list[tuple[str, str]]:
-    """Config folders shipped by plug-ins (entry-point group ``creditlab.conf``): (dist, path).
+def conf_entries() -> list[tuple[Entry, str]]:
+    """Config folders shipped by plug-ins (entry-point group ``creditlab.conf``).
 
-    The entry point names a package; its directory is added to Hydra's search path without
-    importing plug-in code (the package's location comes from the import system's spec).
+    Returns:
+        ``(entry, path)`` per folder: ``entry.target`` is the package named by the entry point,
+        ``path`` its directory.
+
+    The package is located without importing plug-in code (the import system's spec; only the
+    parents of a dotted name are imported). An entry point that cannot be located is skipped
+    with a warning naming its distribution, so it does not break other plug-ins.
     """
     out = []
     hide = os.environ.get(AUTOLOAD_ENV, "").strip() not in ("", "0", "false")
+    seen: set[tuple[str, str, str]] = set()
     for ep in metadata.entry_points(group="creditlab.conf"):
-        dist, _ = _dist_of(ep)
-        if hide and dist != BUILTIN_DIST:
+        dist, version = _dist_of(ep)
+        if (hide and dist != BUILTIN_DIST) or (ep.name, ep.value, dist) in seen:
             continue
-        spec = importlib.util.find_spec(ep.value.partition(":")[0])
-        if spec and spec.submodule_search_locations:
-            out.append((dist, list(spec.submodule_search_locations)[0]))
+        seen.add((ep.name, ep.value, dist))
+        package = ep.value.partition(":")[0]
+        try:
+            spec = importlib.util.find_spec(package)
+        except Exception as exc:  # a missing or broken parent package
+            spec, problem = None, f"{type(exc).__name__}: {exc}"
+        else:
+            problem = "no such package" if spec is None else "not a package (a folder of configs)"
+        if spec is None or not spec.submodule_search_locations:
+            warnings.warn(
+                f"config folder '{ep.name}' = '{package}' from distribution '{dist}' is skipped: "
+                f"{problem}. Its configs are unavailable; reinstall or fix that plug-in.",
+                stacklevel=2,
+            )
+            continue
+        out.append((Entry(ep.name, package, dist, version), list(spec.submodule_search_locations)[0]))
     return out
+
+
+def conf_dirs() -> list[tuple[str, str]]:
+    """Config folders shipped by plug-ins: ``(distribution, path)`` (see :func:`conf_entries`)."""
+    return [(entry.dist, path) for entry, path in conf_entries()]

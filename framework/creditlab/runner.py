@@ -56,7 +56,8 @@ def _resume_path(resume: str | None, out_dir: Path) -> Path | None:
 def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: Any) -> list[Any]:
     loggers: list[Any] = [JsonlLogger(out_dir / "metrics.jsonl", resume_step)]
     for name, node in (cfg.get("logger") or {}).items():
-        if node is None:
+        if node is None or "_target_" not in node:
+            # logger=none keeps settings merged in by a sweep (e.g. logger.wandb.group): no logger
             continue
         kwargs: dict[str, Any] = {"save_dir": str(out_dir)}
         if "WandbLogger" in str(node.get("_target_", "")):

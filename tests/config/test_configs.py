@@ -1,5 +1,6 @@
 """Every shipped YAML composes, validates and builds."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -63,20 +64,44 @@ def test_every_registered_builtin_has_a_yaml():
                 assert (CONF_DIR / kind / f"{name}.yaml").exists(), f"conf/{kind}/{name}.yaml missing"
 
 
-@pytest.mark.parametrize("sweep", sorted(p.stem for p in (CONF_DIR.parent / "sweeps").glob("*.yaml")))
-def test_sweeps_compose_and_every_job_validates(sweep):
-    """Every sweep in sweeps/ composes (``+sweeps=<name>``) and each of its jobs validates."""
-    import itertools
+SWEEPS = sorted(p.stem for p in (CONF_DIR.parent / "sweeps").glob("*.yaml"))
 
+
+def compose_sweep_job(sweep: str, job: list[str]):
+    """The config of one job of ``+sweeps=<sweep>``, with its ``hydra`` node (sweep dirs).
+    Cached: several tests read the same jobs (do not modify the result)."""
+    return _compose_sweep_job(sweep, tuple(job))
+
+
+@functools.lru_cache(maxsize=None)
+def _compose_sweep_job(sweep: str, job: tuple[str, ...]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from creditlab.hydra_plugins import searchpath_override
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        full = hydra_compose("train", overrides=[*searchpath_override(), f"+sweeps={sweep}"], return_hydra_config=True)
-    params = {k: str(v).split(",") for k, v in full.hydra.sweeper.params.items()}
+        return hydra_compose("train", overrides=[*searchpath_override(), f"+sweeps={sweep}", *job], return_hydra_config=True)
+
+
+def sweep_jobs(sweep: str) -> list[list[str]]:
+    """Every job of the sweep (the full grid of ``hydra.sweeper.params``) as override lists."""
+    import itertools
+
+    params = {k: str(v).split(",") for k, v in compose_sweep_job(sweep, []).hydra.sweeper.params.items()}
     assert params, f"sweeps/{sweep}.yaml sets no hydra.sweeper.params"
-    for values in itertools.product(*params.values()):
-        job = [f"{k}={v}" for k, v in zip(params, values)]
-        validate(compose([f"+sweeps={sweep}", *job]))
+    return [[f"{k}={v}" for k, v in zip(params, values)] for values in itertools.product(*params.values())]
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_sweeps_compose_and_every_job_validates(sweep):
+    """Every sweep in sweeps/ composes (``+sweeps=<name>``), each of its jobs validates and gets
+    its own output folder, and its runs share a W&B group and a tag named after the sweep."""
+    subdirs = []
+    for job in sweep_jobs(sweep):
+        cfg = compose_sweep_job(sweep, job)
+        validate(cfg)
+        subdirs.append(f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}")
+        assert cfg.logger.wandb.group == sweep, f"sweeps/{sweep}.yaml: set logger.wandb.group: {sweep}"
+        assert sweep in cfg.tags, f"sweeps/{sweep}.yaml: add '{sweep}' to tags"
+    assert len(set(subdirs)) == len(subdirs), f"jobs of {sweep} share output folders: {subdirs}"
