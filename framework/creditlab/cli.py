@@ -53,11 +53,12 @@ def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from creditlab.hydra_plugins import searchpath_override
+    from creditlab.hydra_plugins import searchpath_override, split_searchpath
     from creditlab.train import CONF_DIR
 
+    user, overrides = split_searchpath(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
-        return hydra_compose("train", overrides=[*searchpath_override(), *overrides])
+        return hydra_compose("train", overrides=[*searchpath_override(user), *overrides])
 
 
 def _explain(exc: Exception, overrides: list[str]) -> str:
@@ -69,8 +70,10 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
         group, option = missing.groups()
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         hint = closest(option, options)
+        given = [o for o in overrides if o.lstrip("+~").startswith(f"{group}=")]
+        plus = given[0][: len(given[0]) - len(given[0].lstrip("+"))] if given else ""
         return (
-            f"unknown {group} '{option}'." + (f" Did you mean '{group}={hint}'?" if hint else "")
+            f"unknown {group} '{option}'." + (f" Did you mean '{plus}{group}={hint}'?" if hint else "")
             + f" Available: {', '.join(options) or '(none)'}."
         )
     bad_key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' is not in struct", cause)
@@ -134,11 +137,13 @@ def train(argv: list[str]) -> None:
         check(overrides)
     from creditlab.hydra_main import main as hydra_main
 
-    from creditlab.hydra_plugins import searchpath_override
+    from creditlab.hydra_plugins import searchpath_override, split_searchpath
 
-    # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides.
+    # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides
+    # (a user's own hydra.searchpath is merged into it, not left to replace it).
     at = first if first is not None else len(argv)
-    sys.argv = ["creditlab train", *argv[:at], *searchpath_override(), *argv[at:]]
+    user, rest = split_searchpath(argv[at:])
+    sys.argv = ["creditlab train", *argv[:at], *searchpath_override(user), *rest]
     hydra_main()
 
 

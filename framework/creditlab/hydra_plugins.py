@@ -11,11 +11,28 @@ from creditlab.train import CONF_DIR
 SWEEPS_ROOT = CONF_DIR.parent
 
 
-def searchpath_override() -> list[str]:
-    """``["hydra.searchpath=[file://...]"]`` for every plug-in config folder and ``sweeps/``."""
-    dirs = [path for _, path in conf_dirs()]
+def split_searchpath(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``(user search path entries, the other overrides)``: a user's ``hydra.searchpath=[a,b]``
+    would replace creditlab's own list (plug-in config folders, ``sweeps/``), so it is taken out
+    and joined to it by :func:`searchpath_override`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    user, rest = [], []
+    for text in overrides:
+        if text.lstrip("+~").startswith("hydra.searchpath="):
+            value = OverridesParser.create().parse_override(text.lstrip("+~")).value()
+            user.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+        else:
+            rest.append(text)
+    return user, rest
+
+
+def searchpath_override(user: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """``["hydra.searchpath=[...]"]``: the user's entries first (they win on a name clash), then
+    every plug-in config folder and ``sweeps/``."""
+    dirs = [*user, *(f"file://{path}" for _, path in conf_dirs())]
     if (SWEEPS_ROOT / "sweeps").is_dir():
-        dirs.append(str(SWEEPS_ROOT))
+        dirs.append(f"file://{SWEEPS_ROOT}")
     if not dirs:
         return []
-    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
+    return ["hydra.searchpath=[" + ",".join(dirs) + "]"]

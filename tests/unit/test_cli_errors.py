@@ -55,3 +55,16 @@ def test_sweep_values_are_checked(capsys):
 def test_good_overrides_pass():
     cfg = check(["method=dr_grpo", "trainer.max_steps=2"])
     assert cfg.advantage.name == "dr_grpo" and cfg.loss.agg == "seq-mean-token-sum-norm"
+
+
+def test_misspelt_sweep_keeps_the_plus(capsys):
+    err = _message(capsys, ["+sweeps=compare_methodz"])
+    assert "Did you mean '+sweeps=compare_methods'" in err
+
+
+def test_user_searchpath_joins_ours(tmp_path):
+    """A user's hydra.searchpath adds to creditlab's (plug-in configs, sweeps/), never replaces it."""
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "arith_short.yaml").write_text("name: arith\nmax_steps: 2\n")
+    cfg = check([f"hydra.searchpath=[file://{tmp_path}]", "task=arith_short", "+sweeps=resets"])
+    assert cfg.task.max_steps == 2 and cfg.trainer.max_steps == 80  # both folders were searched
