@@ -109,6 +109,7 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
     model, tokenizer, model_path = load_policy(checked["model"])
+    _record(out_dir / "environment.json", model_path=str(model_path))
     parts = build_parts(checked, model, tokenizer)
     reference = None
     if loss.kl_coef > 0:
@@ -186,6 +187,13 @@ def _plot(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+@rank_zero_only
+def _record(path: Path, **values: Any) -> None:
+    """Add ``values`` to the JSON object in ``path`` (created when missing)."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**data, **values}, indent=2))
 
 
 def _print_summary(summary: dict[str, Any], out_dir: Path, model_path: str) -> None:

@@ -126,6 +126,35 @@ def provenance(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
+def environment() -> dict[str, Any]:
+    """What else a result depends on: Python and library versions, and creditlab's git commit
+    (with ``dirty`` when the checkout has uncommitted changes; absent outside a git checkout)."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("creditlab", "torch", "transformers", "lightning", "hydra-core", "datasets", "math-verify", "vllm", "peft"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    root = CONF_DIR.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        if commit:
+            out["git_commit"] = commit
+            out["git_dirty"] = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     """Train as configured, writing everything under ``out_dir``. Returns the last metrics."""
     from creditlab.runner import fit
@@ -135,6 +164,7 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
+    (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
     if checked["run"].threads:
         torch.set_num_threads(checked["run"].threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

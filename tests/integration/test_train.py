@@ -1,6 +1,7 @@
 """Short real CPU runs: train end to end, determinism under a seed, kill-and-resume equality."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,9 @@ def test_run_writes_everything(tmp_path):
     assert all(isinstance(v, (int, float)) for r in rows for v in r.values()), "no NaN/inf strings"
     prov = json.loads((tmp_path / "plugins.json").read_text())
     assert prov["advantage"] == {**prov["advantage"], "name": "grpo", "dist": "creditlab"}
+    env = json.loads((tmp_path / "environment.json").read_text())
+    assert {"python", "torch", "transformers", "creditlab", "model_path"} <= set(env)
+    assert Path(env["model_path"]).is_dir()
     assert summary["steps"] == 2
 
 
