@@ -159,6 +159,9 @@ def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
         summary["eval_pass@1_first"] = evals[0]["eval/pass@1"]
         summary["eval_pass@1_last"] = evals[-1]["eval/pass@1"]
         summary["eval_steps"] = [r["step"] for r in evals]
+        if "eval/sample_accuracy" in evals[0]:
+            summary["eval_sample_accuracy_first"] = evals[0]["eval/sample_accuracy"]
+            summary["eval_sample_accuracy_last"] = evals[-1]["eval/sample_accuracy"]
     if train:
         summary["train_reward_last"] = train[-1]["train/reward/mean"]
         summary["time_s"] = train[-1].get("time/train_s")
@@ -179,6 +182,10 @@ def _plot(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) 
     ax.plot([r["step"] for r in train], [r["train/reward/mean"] for r in train], label="train reward", alpha=0.6)
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval/pass@1"] for r in evals], "o-", label="held-out pass@1 (greedy)")
+        sampled = [r for r in evals if "eval/sample_accuracy" in r]
+        if sampled:
+            ax.plot([r["step"] for r in sampled], [r["eval/sample_accuracy"] for r in sampled], "s--",
+                    label="held-out sampled accuracy")
     ax.set_xlabel("RL step")
     ax.set_ylim(-0.02, 1.02)
     ax.legend()
@@ -201,7 +208,12 @@ def _print_summary(summary: dict[str, Any], out_dir: Path, model_path: str) -> N
     if "eval_pass@1_first" in summary:
         lines.append(
             f"  held-out pass@1: {summary['eval_pass@1_first']:.3f} (step 0) -> "
-            f"{summary['eval_pass@1_last']:.3f} (step {summary['eval_steps'][-1]})"
+            f"{summary['eval_pass@1_last']:.3f} (step {summary['eval_steps'][-1]}), greedy"
+        )
+    if "eval_sample_accuracy_first" in summary:
+        lines.append(
+            f"  held-out sampled accuracy: {summary['eval_sample_accuracy_first']:.3f} -> "
+            f"{summary['eval_sample_accuracy_last']:.3f}"
         )
     lines.append(f"  metrics: {out_dir / 'metrics.jsonl'}   config: {out_dir / 'config.yaml'}")
     if "plot" in summary:

@@ -2,16 +2,23 @@
 
 ``build_tiny_model(args)`` returns a local directory holding an ordinary HF checkpoint (model,
 tokenizer, generation config) loadable with ``AutoModelForCausalLM.from_pretrained`` and
-``AutoTokenizer.from_pretrained``. The warm start is supervised fine-tuning on the reference
-solutions of the task's TRAIN split (prompt tokens masked out of the loss); its result is cached
+``AutoTokenizer.from_pretrained``. The warm start is supervised fine-tuning on reference
+solutions (prompt tokens masked out of the loss); its result is cached
 under ``$CREDITLAB_CACHE/models/arith_tiny-<hash>`` (default cache ``~/.cache/creditlab``), the
 hash covering the resolved arguments and :data:`RECIPE_VERSION`.
+
+The supervised problems are ``sft_problems`` fresh problems of the task's distribution, drawn with
+another seed and disjoint (by prompt) from both of the task's splits: RL then trains on problems
+the warm start never saw, and held-out accuracy measures generalization, not recall. (Recipes up to
+v3 fitted the task's own 2,000 train problems for 16 epochs; the model then solved its RL problems
+far more often than held-out ones — 0.50 against 0.375 sampled accuracy — and RL's gains on them did
+not carry over.)
 
 Training texts: ``<s> + prompt`` (masked) followed by ``solution + </s>`` (trained), the same
 token ids as the tokenizer produces for ``tokenizer(prompt)`` and
 ``tokenizer(solution, add_special_tokens=False)``. So that SRPO's self-localization is learnable,
-``localization`` x (number of train problems) further examples teach the ``compact``
-localization prompt (:func:`creditlab_resets.localize.compact_prompt`): a train problem's chain
+``localization`` x (number of supervised problems) further examples teach the ``compact``
+localization prompt (:func:`creditlab_resets.localize.compact_prompt`): a supervised problem's chain
 with one step made wrong (a wrong result, or a wrong operand computed correctly) and every later
 step computed consistently from it, answered `` \\boxed{k}`` with k the corrupted step (checked
 against the task's step oracle).
@@ -38,7 +45,7 @@ from creditlab_arith.task import ArithTask, apply_op
 from creditlab_arith.tokenizer import build_char_tokenizer
 
 #: Bump when the recipe changes in a way that changes the produced weights.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 #: Written last inside a finished checkpoint; its presence marks the directory as complete.
 MARKER = "creditlab_recipe.json"
 
@@ -57,6 +64,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "threads": 2,
     "localization": 0.25,
+    "sft_problems": 24000,
 }
 
 
@@ -104,7 +112,8 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
         args: Optional overrides of :data:`DEFAULTS`: ``task`` (ArithTask.Config fields),
             ``layers``, ``hidden_size``, ``heads``, ``intermediate_size``, ``steps`` (warm-start
             optimizer steps), ``batch_size``, ``lr``, ``warmup_steps``, ``weight_decay``,
-            ``seed``, ``threads`` (torch CPU threads while training).
+            ``seed``, ``threads`` (torch CPU threads while training), ``localization`` (share of
+            localization examples), ``sft_problems`` (supervised problems, see the module doc).
 
     Returns:
         The checkpoint directory, as a string.
@@ -135,9 +144,26 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
     return str(final)
 
 
-def _examples(task: ArithTask, tokenizer: Any, localization: float, seed: int) -> list[tuple[list[int], int]]:
-    """(token ids, number of masked prompt tokens): one solution per training problem, then
-    ``localization`` x as many localization examples."""
+def sft_problems(task: ArithTask, n: int) -> list[Any]:
+    """``n`` problems of ``task``'s distribution (another generation seed) whose prompts are in
+    neither of ``task``'s splits."""
+    taken = {p.prompt for split in ("train", "test") for p in task.load(split)}
+    extra = len(taken) + 100  # room for draws that repeat a prompt of the task's splits
+    fresh = ArithTask(dataclasses.replace(task.config, seed=task.config.seed + 1_000_003, num_train=n + extra, num_test=0))
+    try:
+        out = [p for p in fresh.load("train") if p.prompt not in taken][:n]
+    except ValueError as exc:  # the distribution holds too few distinct problems
+        raise ValueError(f"arith_tiny: cannot draw {n} supervised problems ({exc}); lower sft_problems") from exc
+    if len(out) < n:
+        raise ValueError(f"arith_tiny: could draw only {len(out)} of {n} supervised problems; lower sft_problems")
+    return out
+
+
+def _examples(
+    task: ArithTask, tokenizer: Any, localization: float, seed: int, n_problems: int
+) -> list[tuple[list[int], int]]:
+    """(token ids, number of masked prompt tokens): one solution per supervised problem (see
+    :func:`sft_problems`), then ``localization`` x as many localization examples."""
     from creditlab_resets.localize import compact_prompt
 
     def example(prompt_text: str, target_text: str) -> tuple[list[int], int]:
@@ -145,7 +171,7 @@ def _examples(task: ArithTask, tokenizer: Any, localization: float, seed: int) -
         target = tokenizer(target_text, add_special_tokens=False)["input_ids"]
         return prompt + target + [tokenizer.eos_token_id], len(prompt)
 
-    problems = task.load("train")
+    problems = sft_problems(task, n_problems)
     out = [example(p.prompt, p.metadata["solution"]) for p in problems]
     rng = random.Random(f"arith-localization-{seed}")
     for i in range(int(round(localization * len(problems)))):
@@ -224,7 +250,9 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     try:
         torch.manual_seed(args["seed"])
         model = LlamaForCausalLM(config)
-        data = _examples(task, tokenizer, float(args["localization"]), int(args["seed"]))
+        data = _examples(
+            task, tokenizer, float(args["localization"]), int(args["seed"]), int(args["sft_problems"])
+        )
         loss = _warm_start(model, data, tokenizer.pad_token_id, args)
     finally:
         torch.set_num_threads(old_threads)

@@ -173,11 +173,11 @@ class ArithTask(Task):
         """
 
         num_train: int = 2000
-        num_test: int = 200
+        num_test: int = 500
         min_steps: int = 2
-        max_steps: int = 4
-        max_operand: int = 9
-        max_value: int = 50
+        max_steps: int = 5
+        max_operand: int = 12
+        max_value: int = 199
         ops: str = "+-*"
         seed: int = 0
         delimiter: str = "</thought>"

@@ -37,7 +37,7 @@ def test_compare_methods_covers_every_preset_on_equal_budgets():
                      rollout.max_new_tokens, loss.updates_per_batch, float(cfg.optim.lr)))
     assert methods == set(PRESETS), f"compare_methods misses presets: {set(PRESETS) - methods}"
     assert seeds == {0, 1, 2} and len(jobs) == len(PRESETS) * 3
-    assert budgets == {(80, 8, 8, 64, 1, 5e-5)}, f"unequal budgets across methods: {budgets}"
+    assert budgets == {(80, 8, 8, 64, 1, 2e-5)}, f"unequal budgets across methods: {budgets}"
 
 
 def _hydra_params(sweep: str) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ SMALL = [
     "checkpoint_every=1",
     "task.num_train=64",
     "task.num_test=16",
-    "+model.recipe_args={layers: 2, hidden_size: 64, heads: 2, intermediate_size: 128, steps: 40}",
+    "+model.recipe_args={layers: 2, hidden_size: 64, heads: 2, intermediate_size: 128, steps: 40, sft_problems: 640}",
 ]
 
 

@@ -238,6 +238,21 @@ def test_recipe_entry_point() -> None:
     assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"seed": 1})
 
 
+def test_supervised_problems_are_fresh_and_disjoint_from_the_task() -> None:
+    """The warm start never sees a problem of the task's train or test split (RL and held-out
+    evaluation run on problems it did not fit), and draws them deterministically."""
+    from creditlab_arith.model import sft_problems
+
+    task = small_task()
+    taken = {p.prompt for split in ("train", "test") for p in task.load(split)}
+    first = sft_problems(task, 200)
+    assert len(first) == len({p.prompt for p in first}) == 200
+    assert not taken & {p.prompt for p in first}
+    assert [p.prompt for p in sft_problems(task, 200)] == [p.prompt for p in first]
+    with pytest.raises(ValueError, match="lower sft_problems"):
+        sft_problems(small_task(num_train=2, num_test=1, min_steps=1, max_steps=1, max_operand=2, ops="+"), 50)
+
+
 def test_localization_examples_blame_the_corrupted_step() -> None:
     """The warm start's localization data: step k is the oracle's first wrong thought, the final
     answer is wrong, and the answer text is what the SRPO parser reads as k + 1."""
@@ -256,7 +271,7 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
             assert len(thoughts) == n and p.oracle(thoughts) == k
             assert last_boxed(thoughts[-1]) != p.answer
     tok = build_char_tokenizer()
-    data = _examples(task, tok, 0.5, seed=0)
+    data = _examples(task, tok, 0.5, seed=0, n_problems=300)
     assert len(data) == 300 + 150
     ids, n_prompt = data[-1]
     prompt, answer = tok.decode(ids[:n_prompt]), tok.decode(ids[n_prompt:], skip_special_tokens=True)
