@@ -69,12 +69,22 @@ def short(text):
 
 
 class Reporter:
-    """Writes one JSON object per line to the result pipe."""
+    """Writes one JSON object per line to the result pipe, tagged with the run's nonce."""
 
     def __init__(self, fd):
-        self.fd = fd
+        self.fd, self.nonce = fd, None
+
+    def hide(self, nonce):
+        """Move the pipe to a random high descriptor and remember the nonce (makes forging
+        results harder for the code under test; not a guarantee)."""
+        self.nonce = nonce
+        target = 300 + int.from_bytes(os.urandom(2), "little") % 700
+        os.dup2(self.fd, target, inheritable=False)
+        os.close(self.fd)
+        self.fd = target
 
     def send(self, **message):
+        message["k"] = self.nonce
         data = (json.dumps(message) + "\n").encode()
         while data:
             data = data[os.write(self.fd, data):]
@@ -317,14 +327,29 @@ def classify(exc, denials_before, denials):
     return "error", message
 
 
-def run_code(payload, reporter, denials):
-    limits = payload["limits"]
+def guarded(action, seconds):
+    """Run ``action()`` under the per-test alarm; the exception it ended with, or ``None``.
 
+    The alarm is disarmed in ``finally``; if it fires while an exception is being unwound, the
+    ``TestTimeout`` replaces that exception and is caught here too, never by the harness.
+    """
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            action()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException as exc:  # noqa: BLE001 - every failure is a reported outcome
+        return exc
+    return None
+
+
+def run_code(payload, reporter, denials):
     def alarm(signum, frame):
         raise TestTimeout()
 
     signal.signal(signal.SIGALRM, alarm)
-    timer = float(limits["test_timeout_s"])
+    timer = float(payload["limits"]["test_timeout_s"])
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         code = compile(payload["code"], "<solution>", "exec")
@@ -335,12 +360,8 @@ def run_code(payload, reporter, denials):
                       error=short(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}{where}"))
         return
     before = len(denials)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, timer)
-        exec(code, namespace)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    except BaseException as exc:  # noqa: BLE001 - every failure is a reported outcome
-        signal.setitimer(signal.ITIMER_REAL, 0)
+    exc = guarded(lambda: exec(code, namespace), timer)
+    if exc is not None:
         outcome, error = classify(exc, before, denials)
         reporter.send(event="solution", outcome=outcome, error=error)
         return
@@ -355,15 +376,15 @@ def run_code(payload, reporter, denials):
         before = len(denials)
         try:
             compiled = compile(test, f"<test {index + 1}>", "exec")
-            signal.setitimer(signal.ITIMER_REAL, timer)
-            exec(compiled, dict(namespace))
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        except BaseException as exc:  # noqa: BLE001
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        except (SyntaxError, ValueError) as error:
+            exc = error
+        else:
+            exc = guarded(lambda: exec(compiled, dict(namespace)), timer)
+        if exc is None:
+            reporter.send(event="test", index=index, outcome="passed")
+        else:
             outcome, error = classify(exc, before, denials)
             reporter.send(event="test", index=index, outcome=outcome, error=error)
-        else:
-            reporter.send(event="test", index=index, outcome="passed")
 
 
 def main():
@@ -372,6 +393,8 @@ def main():
     try:
         with open(os.path.join(base, "payload.json"), encoding="utf-8") as f:
             payload = json.load(f)
+        reporter.hide(payload["nonce"])
+        sys.argv[:] = ["-c"]
         plan = payload["isolation"]
         sys.dont_write_bytecode = True
         if plan.get("layout"):

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import select
 import shutil
 import signal
@@ -46,6 +47,8 @@ SYSTEM_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 #: Most result-pipe bytes read per run (a flood beyond it ends the run).
 MAX_REPORT_BYTES = 1 << 20
+#: Bytes of the child's stdout+stderr file kept in the result.
+OUTPUT_HEAD = 1000
 _PROBE_CODE = "def probe():\n    return 1\n"
 _PROBE_TESTS = ("assert probe() == 1", "import fractions\nassert fractions.Fraction(1, 2) * 2 == 1")
 _RUN_IDS = count()
@@ -109,6 +112,7 @@ class SandboxResult:
         denials: Operations the audit hook denied (first 20).
         output_bytes: Bytes the code wrote to stdout and stderr (kept part).
         output_dropped: Bytes dropped by the output cap.
+        output: The first bytes of stdout and stderr (interleaved), for diagnosis.
     """
 
     solution: str | None = None
@@ -121,6 +125,7 @@ class SandboxResult:
     denials: list[str] = field(default_factory=list)
     output_bytes: int = 0
     output_dropped: int = 0
+    output: str = ""
 
 
 class SandboxError(RuntimeError):
@@ -231,7 +236,10 @@ class Sandbox:
                     log.warning("code sandbox: using isolation '%s' (%s); unavailable: %s",
                                 plan["name"], ", ".join(result.isolation), "; ".join(failures))
                 return {**plan, "layers": result.isolation}
-            detail = result.error or result.ended or "probe tests failed"
+            failed = next((t.get("error") for t in result.tests if t["outcome"] != "passed"), None)
+            detail = result.error or failed or result.ended or "probe tests failed"
+            if result.output.strip():
+                detail += f" (output: {result.output.strip()[-300:]!r})"
             who = f"uid {plan['uid']}" if plan.get("uid") is not None else "own uid"
             failures.append(f"{plan['name']} ({who}): {detail}")
         raise SandboxError("no sandbox isolation works here: " + "; ".join(failures))
@@ -263,7 +271,9 @@ class Sandbox:
             isolation.update({k: plan[k] for k in ("binds", "devices", "drop_caps", "cap_last")
                               if k in plan})
             isolation.update(work=work, root=os.path.join(base, "root"))
+            nonce = secrets.token_hex(16)
             payload = {"code": code, "tests": list(tests), "entry_point": entry_point,
+                       "nonce": nonce,
                        "limits": limits.for_harness(), "isolation": isolation,
                        "audit": self.audit_hook}
             fd = os.open(os.path.join(base, "payload.json"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -281,7 +291,8 @@ class Sandbox:
             os.close(write_fd)
             write_fd = -1
             raw, ended = self._collect(proc, read_fd, start + limits.timeout_s)
-            result = _parse(raw, ended, proc, len(tests))
+            result = _parse(raw, ended, nonce, len(tests))
+            result.output = _head(os.path.join(base, "output.log"), OUTPUT_HEAD)
         except OSError as exc:
             result = SandboxResult(ended="start failed", reason="error",
                                    error=f"could not start the sandbox: {exc}")
@@ -300,13 +311,14 @@ class Sandbox:
     def _collect(proc: subprocess.Popen, fd: int, deadline: float) -> tuple[bytes, str]:
         """Read the result pipe until EOF and exit, the deadline, or a flood; never blocks."""
         os.set_blocking(fd, False)
+        poller = select.poll()  # not select(): fd numbers above 1023 are common in a trainer
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         chunks, size = [], 0
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return b"".join(chunks), "wall timeout"
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
+            if not poller.poll(max(1, int(remaining * 1000))):
                 continue
             try:
                 chunk = os.read(fd, 65536)
@@ -351,8 +363,20 @@ def _kill(proc: subprocess.Popen) -> None:
             _UNREAPED.remove(old)
 
 
-def _parse(raw: bytes, ended: str, proc: subprocess.Popen, n_tests: int) -> SandboxResult:
-    """Turn the harness's report lines and how the process ended into a result."""
+def _head(path: str, size: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _parse(raw: bytes, ended: str, nonce: str, n_tests: int) -> SandboxResult:
+    """Turn the harness's report lines and how the process ended into a result.
+
+    Lines without the run's nonce are ignored (a cheap guard against code that writes forged
+    results to the pipe; see docs/code-tasks.md for what it does not stop).
+    """
     result = SandboxResult(ended=ended)
     tests: dict[int, dict[str, Any]] = {}
     started = -1
@@ -361,6 +385,8 @@ def _parse(raw: bytes, ended: str, proc: subprocess.Popen, n_tests: int) -> Sand
             msg = json.loads(line)
             event = msg["event"]
         except (ValueError, TypeError, KeyError):
+            continue
+        if msg.get("k") != nonce:
             continue
         if event == "ready":
             result.isolation = tuple(str(x) for x in msg.get("isolation", ()))
