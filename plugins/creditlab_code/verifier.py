@@ -7,8 +7,9 @@ Reward = fraction of tests passed (``reward: fraction``) or 1 only when every te
 
 ``info[i]``: ``parsed`` (the extracted code, or ``None``), ``outcome`` (one of
 :data:`OUTCOMES`), ``passed``/``total`` tests, ``tests`` (per-test outcome and error), ``error``
-(the first failure's reason), ``ended`` (how the process ended), ``seconds``, ``isolation``
-and ``denied`` (operations the audit hook refused).
+(the first failure's reason), ``ended`` (how the process ended), ``seconds``, ``isolation``,
+``denied`` (operations the audit hook refused), ``output`` (the first 500 characters of stdout
+and stderr) and ``output_dropped`` (bytes cut by the output cap).
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ class CodeTestsVerifier(Verifier):
         info = {"parsed": code[:MAX_PARSED_CHARS], "outcome": outcome, "passed": passed,
                 "total": len(tests), "tests": result.tests, "error": error,
                 "ended": result.ended, "seconds": round(result.seconds, 4),
-                "isolation": list(result.isolation), "denied": result.denials}
+                "isolation": list(result.isolation), "denied": result.denials,
+                "output_dropped": result.output_dropped, "output": result.output[:500]}
         return reward, info
 
     def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
