@@ -73,6 +73,7 @@ class Reporter:
 
     def __init__(self, fd):
         self.fd, self.nonce = fd, None
+        self.reserve = bytearray(1 << 20)  # given back if reporting runs out of memory
 
     def hide(self, nonce):
         """Move the pipe to a random high descriptor and remember the nonce (makes forging
@@ -85,7 +86,15 @@ class Reporter:
 
     def send(self, **message):
         message["k"] = self.nonce
-        data = (json.dumps(message) + "\n").encode()
+        try:
+            data = (json.dumps(message) + "\n").encode()
+        except MemoryError:
+            self.reserve = None
+            data = (json.dumps(message) + "\n").encode()
+            try:
+                self.reserve = bytearray(1 << 20)
+            except MemoryError:
+                pass
         while data:
             data = data[os.write(self.fd, data):]
 
@@ -340,6 +349,13 @@ def guarded(action, seconds):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except BaseException as exc:  # noqa: BLE001 - every failure is a reported outcome
+        # Drop the tracebacks: their frames hold the code's data (e.g. the memory a memory
+        # bomb allocated), and reporting needs a little memory of its own.
+        seen, link = set(), exc
+        while link is not None and id(link) not in seen:
+            seen.add(id(link))
+            link.__traceback__ = None
+            link = link.__context__ or link.__cause__
         return exc
     return None
 

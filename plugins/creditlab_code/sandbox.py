@@ -339,6 +339,26 @@ class Sandbox:
         return b"".join(chunks), f"exit {code}"
 
 
+def live_sandbox_processes(parent: int | None = None) -> list[int]:
+    """Pids of live processes started by the sandboxes of process ``parent`` (default: this one).
+
+    Found through the ``CREDITLAB_SANDBOX=<parent pid>-<run>`` marker in their environment, so
+    escaped processes and those in other PID namespaces count too (reading another user's
+    ``/proc/<pid>/environ`` needs root or the same uid). Linux only; ``[]`` without ``/proc``.
+    """
+    marker = f"CREDITLAB_SANDBOX={parent or os.getpid()}-".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def _signame(number: int) -> str:
     try:
         return signal.Signals(number).name

@@ -18,32 +18,13 @@ import uuid
 import pytest
 
 from creditlab.types import Completion, Problem
-from creditlab_code.sandbox import Limits, Sandbox
+from creditlab_code.sandbox import Limits, Sandbox, live_sandbox_processes
 from creditlab_code.verifier import CodeTestsVerifier
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
 SHORT = dict(timeout_s=4.0, test_timeout_s=1.0, cpu_s=3.0, memory_mb=256, file_size_mb=1,
              output_kb=8, workers=2)
-
-
-def _marker() -> bytes:
-    return f"CREDITLAB_SANDBOX={os.getpid()}-".encode()
-
-
-def sandbox_processes() -> list[int]:
-    """Live processes started by this test process's sandboxes (their environment carries a
-    marker with our pid), wherever they are: children, escaped, or in another PID namespace."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if _marker() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def children() -> set[int]:
@@ -62,9 +43,9 @@ def nothing_left_running():
     before = children()
     yield
     deadline = time.monotonic() + 2.0  # the kernel reaps a killed PID namespace asynchronously
-    while (sandbox_processes() or children() - before) and time.monotonic() < deadline:
+    while (live_sandbox_processes() or children() - before) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not sandbox_processes(), "a sandboxed process is still running"
+    assert not live_sandbox_processes(), "a sandboxed process is still running"
     assert not children() - before, "a child process of the test is still running"
 
 
@@ -203,9 +184,10 @@ def test_fork_bomb_is_contained_by_the_kernel_without_the_hook(kernel_only):
 
 
 def test_memory_bomb_fails_with_memory_error(verifier):
-    code = "def f():\n    blocks = []\n    while True:\n        blocks.append(bytearray(1 << 20))"
-    reward, info = score(verifier, code, ["assert f() is None", "assert bytearray(1 << 30)"])
-    assert reasons(info) == ["memory", "memory"] and info["outcome"] == "memory"
+    code = "blocks = []\ndef f():\n    while True:\n        blocks.append(bytearray(1 << 20))"
+    tests = ["assert f() is None", "assert bytearray(1 << 30)", "assert len(blocks) > 10"]
+    reward, info = score(verifier, code, tests)
+    assert reasons(info) == ["memory", "memory", "passed"] and info["outcome"] == "memory", info
 
 
 def test_writes_outside_the_sandbox_are_refused(verifier, tmp_path):
