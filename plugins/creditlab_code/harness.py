@@ -2,17 +2,21 @@
 
 This file is the child's whole program: the parent passes its source with ``python -I -S -c``
 (so the sandbox needs no read access to creditlab's files) and two arguments, the number of the
-pipe it reports on and the run's private folder. Standard library only; it never imports
-creditlab.
+pipe it reports on and the run's private folder (or, when the child runs the parent's Python
+version, a small bootstrap that loads this file's code object from that folder). Standard
+library only; it never imports creditlab. Start-up matters (one process per completion), so it
+avoids modules that import ``re``/``enum`` (``json``, ``signal``): the payload is ``marshal``
+data and reports are JSON written by :func:`encode`.
 
 Order of events in the child (see ``docs/code-tasks.md``):
 
-1. Read ``<base>/payload.json`` (code, tests, limits, isolation plan) while still privileged.
+1. Read ``<base>/payload.bin`` (``marshal``: code, tests, limits, isolation plan) while still
+   privileged.
 2. With ``layout`` (namespace mode, run as root of fresh mount/PID/network namespaces): build a
    minimal read-only root on a tmpfs -- the interpreter's prefix, ``/usr`` and the library
-   folders bound read-only and ``nosuid``, ``/dev/null``-like devices, the work folder bound
-   read-write -- and ``pivot_root`` into it, detaching the old root (nothing outside is
-   reachable any more). As PID 1 of its namespace it forks the worker and reports how it ended.
+   folders bound read-only and ``nosuid``, ``/dev/null``-like devices, and the work folder as
+   its own size-limited tmpfs -- and ``pivot_root`` into it, detaching the old root (nothing
+   outside is reachable any more). As PID 1 of its namespace it forks the worker and reports how it ended.
 3. Resource limits (``setrlimit``: CPU, address space, file size, processes, open files, core).
 4. Drop privileges: to the sandbox uid/gid (``setgroups([])``), or, as root of a user namespace,
    drop every capability; ``PR_SET_NO_NEW_PRIVS`` either way.
@@ -21,10 +25,10 @@ Order of events in the child (see ``docs/code-tasks.md``):
    result to the pipe. Exit with ``os._exit`` (no user ``atexit`` handlers).
 """
 
-import json
+import _signal as signal  # the C module: ``signal`` would import enum (milliseconds per run)
+import marshal
 import os
 import resource
-import signal
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
@@ -68,6 +72,36 @@ def short(text):
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
+def quote(text):
+    """``text`` as a JSON string literal (ASCII only; control characters and quotes escaped)."""
+    out = []
+    for char in text:
+        code = ord(char)
+        if 32 <= code < 127 and char not in '"\\':
+            out.append(char)
+        elif code > 0xFFFF:
+            code -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)))
+        else:
+            out.append("\\u%04x" % code)
+    return '"' + "".join(out) + '"'
+
+
+def encode(value):
+    """JSON text of a report: dicts, lists, strings, ints, booleans and None."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, str):
+        return quote(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(encode(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(quote(str(k)) + ":" + encode(v) for k, v in value.items()) + "}"
+    return quote(str(value))
+
+
 class Reporter:
     """Writes one JSON object per line to the result pipe, tagged with the run's nonce."""
 
@@ -87,10 +121,10 @@ class Reporter:
     def send(self, **message):
         message["k"] = self.nonce
         try:
-            data = (json.dumps(message) + "\n").encode()
+            data = (encode(message) + "\n").encode()
         except MemoryError:
             self.reserve = None
-            data = (json.dumps(message) + "\n").encode()
+            data = (encode(message) + "\n").encode()
             try:
                 self.reserve = bytearray(1 << 20)
             except MemoryError:
@@ -172,7 +206,13 @@ def build_root(plan):
         bind(path)
     for path in plan["devices"]:
         bind(path, writable=True, devices=True)
-    bind(plan["work"], writable=True)
+    work = new + plan["work"]  # a fresh size-limited tmpfs, not the host folder: writes stay
+    os.makedirs(work, exist_ok=True)  # in memory, bounded, and vanish with the namespace
+    owner = plan.get("uid") if plan.get("uid") is not None else os.getuid()
+    group = plan.get("gid") if plan.get("gid") is not None else os.getgid()
+    size = max(1, int(plan["disk_bytes"]) >> 10)
+    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
+          f"size={size}k,nr_inodes=4096,mode=700,uid={owner},gid={group}")
     mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     number = PIVOT_ROOT.get(os.uname().machine)
     if number is None:
@@ -407,8 +447,8 @@ def main():
     reporter = Reporter(int(sys.argv[1]))
     base = sys.argv[2]
     try:
-        with open(os.path.join(base, "payload.json"), encoding="utf-8") as f:
-            payload = json.load(f)
+        with open(os.path.join(base, "payload.bin"), "rb") as f:
+            payload = marshal.loads(f.read())
         reporter.hide(payload["nonce"])
         sys.argv[:] = ["-c"]
         plan = payload["isolation"]

@@ -74,6 +74,7 @@ class CodeTestsVerifier(Verifier):
             cpu_s: CPU-time limit per completion (``RLIMIT_CPU``).
             memory_mb: Address-space limit (``RLIMIT_AS``) in MiB.
             file_size_mb: Largest file the code may write (``RLIMIT_FSIZE``) in MiB.
+            disk_mb: Size of the work folder (its own tmpfs) in namespace mode, in MiB.
             output_kb: stdout/stderr kept per stream (the rest is dropped and counted).
             max_processes: ``RLIMIT_NPROC`` for the sandbox uid (1 = no new process or thread).
             isolation: ``auto`` (namespaces when available, else none), ``namespaces`` or
@@ -93,6 +94,7 @@ class CodeTestsVerifier(Verifier):
         cpu_s: float = 5.0
         memory_mb: int = 512
         file_size_mb: int = 8
+        disk_mb: int = 64
         output_kb: int = 64
         max_processes: int = 1
         isolation: str = "auto"
@@ -111,7 +113,7 @@ class CodeTestsVerifier(Verifier):
             raise ConfigError(f"verifier.isolation must be one of {', '.join(MODES)}; got "
                               f"{cfg.isolation!r}")
         for key in ("workers", "timeout_s", "test_timeout_s", "cpu_s", "memory_mb",
-                    "file_size_mb", "output_kb", "max_processes"):
+                    "file_size_mb", "disk_mb", "output_kb", "max_processes"):
             if not getattr(cfg, key) > 0:
                 raise ConfigError(f"verifier.{key} must be > 0; got {getattr(cfg, key)!r}")
         if cfg.memory_mb < 64:
@@ -119,7 +121,7 @@ class CodeTestsVerifier(Verifier):
                               f"~20 MiB of address space); got {cfg.memory_mb}")
         limits = Limits(timeout_s=cfg.timeout_s, test_timeout_s=cfg.test_timeout_s,
                         cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb, file_size_mb=cfg.file_size_mb,
-                        output_kb=cfg.output_kb, processes=cfg.max_processes)
+                        disk_mb=cfg.disk_mb, output_kb=cfg.output_kb, processes=cfg.max_processes)
         self.sandbox = Sandbox(limits, isolation=cfg.isolation, user=cfg.sandbox_user,
                                python=cfg.python, audit_hook=cfg.audit_hook)
         try:

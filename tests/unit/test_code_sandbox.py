@@ -24,7 +24,7 @@ from creditlab_code.verifier import CodeTestsVerifier
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox targets Linux")
 
 SHORT = dict(timeout_s=4.0, test_timeout_s=1.0, cpu_s=3.0, memory_mb=256, file_size_mb=1,
-             output_kb=8, workers=2)
+             disk_mb=4, output_kb=8, workers=2)
 
 
 def children() -> set[int]:
@@ -213,6 +213,15 @@ def test_writes_outside_are_impossible_without_the_hook(kernel_only, tmp_path):
     reward, info = score(kernel_only, code, tests)
     assert reasons(info) == ["error", "error", "error", "passed", "passed"], info["tests"]
     assert not outside.exists() and not os.path.exists(in_tmp)
+
+
+def test_work_folder_is_a_small_tmpfs(verifier):
+    if verifier.plan["name"] != "namespaces":
+        pytest.skip("the work folder is a size-limited tmpfs only in namespace mode")
+    code = ("def f():\n    for i in range(100):\n        with open(f'file{i}', 'wb') as fh:\n"
+            "            fh.write(b'x' * 500_000)\n    return i")
+    reward, info = score(verifier, code, ["assert f() == 99"])
+    assert reasons(info) == ["error"] and "No space left on device" in info["tests"][0]["error"]
 
 
 def test_no_network(verifier):
