@@ -1,12 +1,14 @@
 """The sandbox harness: runs model-written code and its tests inside the sandboxed child.
 
-This file is the child's whole program: the parent passes its source with ``python -I -S -c``
-(so the sandbox needs no read access to creditlab's files) and two arguments, the number of the
-pipe it reports on and the run's private folder (or, when the child runs the parent's Python
-version, a small bootstrap that loads this file's code object from that folder). Standard
-library only; it never imports creditlab. Start-up matters (one process per completion), so it
-avoids modules that import ``re``/``enum`` (``json``, ``signal``): the payload is ``marshal``
-data and reports are JSON written by :func:`encode`.
+The child's program is three files run as one (in this order, in one namespace):
+:mod:`creditlab_code.child_setup` (namespace root, limits, privileges),
+:mod:`creditlab_code.child_guard` (the audit hook) and this file (reporting, running the code,
+``main``). The parent passes that program with ``python -I -S -c`` -- or, when the child runs
+the parent's Python version, a small bootstrap loading its precompiled code object from the
+run's folder -- so the sandbox needs no read access to creditlab's files. Arguments: the number
+of the pipe to report on and the run's private folder. Standard library only. Start-up matters
+(one process per completion), so it avoids modules that import ``re``/``enum`` (``json``,
+``signal``): the payload is ``marshal`` data and reports are JSON written by :func:`encode`.
 
 Order of events in the child (see ``docs/code-tasks.md``):
 
@@ -25,51 +27,21 @@ Order of events in the child (see ``docs/code-tasks.md``):
    result to the pipe. Exit with ``os._exit`` (no user ``atexit`` handlers).
 """
 
+
 import _signal as signal  # the C module: ``signal`` would import enum (milliseconds per run)
 import marshal
 import os
-import resource
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
-MS_REC, MS_PRIVATE, MNT_DETACH = 16384, 1 << 18, 2
-PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
-#: pivot_root system call numbers per machine (no glibc wrapper exists).
-PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-#: Audit events denied outright (prefix match).
-DENY_PREFIXES = (
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
-    "os.killpg", "subprocess.", "pty.", "socket.", "ctypes.", "signal.pthread_kill",
-    "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "webbrowser.", "urllib.",
-    "http.client.", "ftplib.", "smtplib.", "poplib.", "imaplib.", "nntplib.", "telnetlib.",
-    "winreg.", "_winapi.",
-)
-#: Events whose first argument is a path that may only be inside the work folder.
-WRITE_PATH_EVENTS = (
-    "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-    "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.chown",
-    "os.setxattr", "os.removexattr",
-)
-#: Events with two paths (source and destination) that must both be inside the work folder.
-TWO_PATH_EVENTS = ("os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree",
-                   "shutil.move")
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-MAX_MESSAGE = 300
-#: Device files that may be opened for reading and writing.
-DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-
-
-class Denied(PermissionError):
-    """Raised by the audit hook for a denied operation."""
+try:  # the parent (tests, linters) imports the parts as modules; the child runs them as one
+    from creditlab_code.child_guard import Denied, make_hook, short
+    from creditlab_code.child_setup import build_root, drop_privileges, set_limits, supervise
+except ImportError:  # the child: parts 1 and 2 already defined these names
+    pass
 
 
 class TestTimeout(BaseException):
     """Raised by the per-test alarm (a BaseException so ``except Exception`` does not eat it)."""
-
-
-def short(text):
-    text = str(text)
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 def quote(text):
@@ -155,203 +127,6 @@ class CappedStream:
         return False
 
 
-# -- namespace mode: a minimal read-only root -------------------------------------------------
-def _libc():
-    import ctypes
-
-    return ctypes, ctypes.CDLL(None, use_errno=True)
-
-
-def _call(ctypes, result, what):
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def build_root(plan):
-    """Mount a tmpfs root holding read-only binds of ``plan["binds"]`` and the work folder
-    (read-write), then pivot into it and detach the old root."""
-    ctypes, libc = _libc()
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                           ctypes.c_char_p]
-
-    def mount(src, dst, fstype, flags, data=None):
-        enc = (lambda s: None if s is None else s.encode())
-        _call(ctypes, libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)),
-              f"mount {src} on {dst}")
-
-    new = plan["root"]
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-
-    def bind(src, writable=False, devices=False):
-        dst = new + src
-        if os.path.islink(src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            if not os.path.lexists(dst):
-                os.symlink(os.readlink(src), dst)
-            return
-        if os.path.isdir(src):
-            os.makedirs(dst, exist_ok=True)
-        elif os.path.exists(src):
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            open(dst, "a").close()
-        else:
-            return
-        mount(src, dst, None, MS_BIND)
-        flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (0 if devices else MS_NODEV)
-        mount(None, dst, None, flags | (0 if writable else MS_RDONLY))
-
-    for path in plan["binds"]:
-        bind(path)
-    for path in plan["devices"]:
-        bind(path, writable=True, devices=True)
-    work = new + plan["work"]  # a fresh size-limited tmpfs, not the host folder: writes stay
-    os.makedirs(work, exist_ok=True)  # in memory, bounded, and vanish with the namespace
-    owner = plan.get("uid") if plan.get("uid") is not None else os.getuid()
-    group = plan.get("gid") if plan.get("gid") is not None else os.getgid()
-    size = max(1, int(plan["disk_bytes"]) >> 10)
-    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={size}k,nr_inodes=4096,mode=700,uid={owner},gid={group}")
-    mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    number = PIVOT_ROOT.get(os.uname().machine)
-    if number is None:
-        raise OSError(f"pivot_root: unknown system call number on {os.uname().machine}")
-    os.chdir(new)
-    _call(ctypes, libc.syscall(number, b".", b"."), "pivot_root")
-    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    _call(ctypes, libc.umount2(b".", MNT_DETACH), "umount old root")
-    os.chdir("/")
-
-
-def supervise(reporter):
-    """As PID 1 of a PID namespace: fork the worker, report how it ended, exit.
-
-    Returns only in the worker. When this process exits, the kernel kills every process left in
-    the namespace.
-    """
-    pid = os.fork()
-    if pid == 0:
-        return
-    for fd in (0, 1, 2):
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        reporter.send(event="exit", signal=os.WTERMSIG(status))
-    else:
-        reporter.send(event="exit", code=os.WEXITSTATUS(status))
-    os._exit(0)
-
-
-def set_limits(limits):
-    cpu = max(1, int(limits["cpu_s"]))
-    pairs = {
-        resource.RLIMIT_CPU: (cpu, cpu + 1),
-        resource.RLIMIT_AS: (limits["memory_bytes"],) * 2,
-        resource.RLIMIT_FSIZE: (limits["file_size_bytes"],) * 2,
-        resource.RLIMIT_NOFILE: (limits["open_files"],) * 2,
-        resource.RLIMIT_CORE: (0, 0),
-    }
-    if limits["processes"] is not None:
-        pairs[resource.RLIMIT_NPROC] = (limits["processes"],) * 2
-    for key, value in pairs.items():
-        resource.setrlimit(key, value)
-
-
-def drop_privileges(plan):
-    """To ``plan["uid"]``/``["gid"]``, or (root of a user namespace) to no capabilities."""
-    how = []
-    try:
-        ctypes, libc = _libc()
-    except (ImportError, OSError):
-        ctypes = libc = None
-    if plan.get("uid") is None and plan.get("drop_caps") and libc is not None:
-        last = plan.get("cap_last", 40)
-        for cap in range(last + 1):
-            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-
-        class Header(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-        class Data(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                        ("inheritable", ctypes.c_uint32)]
-
-        _call(ctypes, libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "capset")
-        how.append("capabilities dropped")
-    if libc is not None:
-        _call(ctypes, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-        how.append("no_new_privs")
-    if plan.get("uid") is not None:
-        os.setgroups([])
-        os.setgid(plan["gid"])
-        os.setuid(plan["uid"])
-        try:
-            os.setuid(0)
-        except PermissionError:
-            pass
-        else:
-            raise OSError("privileges could be regained after setuid")
-        how.append(f"uid {plan['uid']}")
-    for name in ("ctypes", "_ctypes", "ctypes._endian"):
-        sys.modules.pop(name, None)
-    return how
-
-
-# -- the audit hook ---------------------------------------------------------------------------
-def make_hook(work, readable, denials):
-    work = os.path.realpath(work)
-    readable = tuple(os.path.realpath(p) for p in readable) + (work,)
-    state = {"busy": False}
-
-    def inside(path, roots):
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        if not isinstance(path, str):
-            return False
-        full = os.path.realpath(os.path.join(os.getcwd(), path))
-        return any(full == r or full.startswith(r.rstrip("/") + "/") for r in roots)
-
-    def deny(event, detail=""):
-        denials.append(short(f"{event} {detail}".strip()))
-        raise Denied(f"sandbox: {event} denied {detail}".strip())
-
-    def hook(event, args):
-        if state["busy"]:
-            return
-        state["busy"] = True
-        try:
-            if event.startswith(DENY_PREFIXES):
-                deny(event)
-            if event == "open":
-                path, mode, flags = (tuple(args) + (None, None, None))[:3]
-                if isinstance(path, int):
-                    if path > 2:
-                        deny(event, f"file descriptor {path}")
-                    return
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                    isinstance(flags, int) and flags & WRITE_FLAGS)
-                if path in DEVICES:
-                    return
-                if not inside(path, (work,) if writing else readable):
-                    deny(event, f"{'writing' if writing else 'reading'} {path!r}")
-            elif event in WRITE_PATH_EVENTS:
-                if args and not isinstance(args[0], int) and not inside(args[0], (work,)):
-                    deny(event, repr(args[0]))
-            elif event in TWO_PATH_EVENTS:
-                for path in args[:2]:
-                    if not isinstance(path, int) and not inside(path, (work,)):
-                        deny(event, repr(path))
-            elif event in ("os.listdir", "os.scandir"):
-                if args and isinstance(args[0], (str, bytes)) and not inside(args[0], readable):
-                    deny(event, repr(args[0]))
-        finally:
-            state["busy"] = False
-
-    return hook
-
-
-# -- running the code -------------------------------------------------------------------------
 def describe(exc):
     """``"Type: message"`` of an exception, even when its ``__str__`` misbehaves."""
     name = type(exc).__name__
@@ -435,7 +210,7 @@ def run_code(payload, reporter, denials):
         except (SyntaxError, ValueError) as error:
             exc = error
         else:
-            exc = guarded(lambda: exec(compiled, dict(namespace)), timer)
+            exc = guarded(lambda code=compiled: exec(code, dict(namespace)), timer)
         if exc is None:
             reporter.send(event="test", index=index, outcome="passed")
         else:

@@ -24,6 +24,7 @@ from typing import Any
 from creditlab.interfaces import Verifier
 from creditlab.registry import ConfigError
 from creditlab.types import Completion, Problem, Rewards
+
 from creditlab_code.extract import extract_code
 from creditlab_code.sandbox import MODES, Limits, Sandbox, SandboxError, SandboxResult
 

@@ -16,7 +16,6 @@ import time
 import uuid
 
 import pytest
-
 from creditlab.types import Completion, Problem
 from creditlab_code.sandbox import Limits, Sandbox, live_sandbox_processes
 from creditlab_code.verifier import CodeTestsVerifier

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from creditlab.registry import ConfigError
 from creditlab.testing import check_part
 from creditlab.types import Completion
