@@ -27,6 +27,9 @@ def _verifier_inputs(name):
     if name == "arith":
         problems = list(REGISTRIES["task"].get("arith")().load("test"))[:3]
         texts = [problems[0].metadata["solution"], "1+1=\\boxed{3}</thought>", "garbage"]
+    elif name == "code_tests":
+        problems = list(REGISTRIES["task"].get("code")().load("test"))[:3]
+        texts = [f"```python\n{problems[0].answer}```", "```python\ndef f(:\n```", ""]
     else:
         problems = [Problem("a", "q", "18"), Problem("b", "q", "18"), Problem("c", "q", "18")]
         texts = ["so #### 18 and \\boxed{18}", "\\boxed{17}", "no answer here"]

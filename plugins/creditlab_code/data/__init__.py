@@ -1,0 +1,1 @@
+"""The shipped coding problems (train.jsonl, test.jsonl), package data."""

@@ -1,0 +1,179 @@
+"""What a sandbox run produced: parsing the child's reports, killing it, finding leftovers.
+
+Standard library only (the parent side of :mod:`creditlab_code.sandbox`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("creditlab_code.sandbox")
+#: Processes that did not die within the grace period after SIGKILL; polled again later.
+_UNREAPED: list[subprocess.Popen] = []
+
+
+@dataclass
+class SandboxResult:
+    """What happened in one run.
+
+    Attributes:
+        solution: How defining the solution ended: ``ok``, ``syntax_error``, ``error``,
+            ``timeout``, ``memory``, ``denied``, or ``None`` when it never finished.
+        tests: One ``{"outcome", "error"?}`` per test; outcomes ``passed``, ``failed``,
+            ``error``, ``timeout``, ``memory``, ``denied``, ``killed``, ``crashed``,
+            ``not_run``, or the solution's failure.
+        ended: ``"exit 0"``, ``"wall timeout"``, ``"signal SIGXCPU"``, ``"exit 3"``,
+            ``"report flood"``, ...
+        reason: Why the run ended early (``timeout``, ``killed``, ``crashed``, ``error``) or
+            ``None``.
+        error: Solution or start-up error message, if any.
+        seconds: Wall time from start to cleanup.
+        isolation: The layers that were in place (``namespaces``, ``uid 65534``, ``audit hook``).
+        denials: Operations the audit hook denied (first 20).
+        output_bytes: Bytes the code wrote to stdout and stderr (kept part).
+        output_dropped: Bytes dropped by the output cap.
+        output: The first bytes of stdout and stderr (interleaved), for diagnosis.
+    """
+
+    solution: str | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    ended: str = ""
+    reason: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+    isolation: tuple[str, ...] = ()
+    denials: list[str] = field(default_factory=list)
+    output_bytes: int = 0
+    output_dropped: int = 0
+    output: str = ""
+
+
+def live_sandbox_processes(parent: int | None = None) -> list[int]:
+    """Pids of live processes started by the sandboxes of process ``parent`` (default: this one).
+
+    Found through the ``CREDITLAB_SANDBOX=<parent pid>-<run>`` marker in their environment, so
+    escaped processes and those in other PID namespaces count too (reading another user's
+    ``/proc/<pid>/environ`` needs root or the same uid). Linux only; ``[]`` without ``/proc``.
+    """
+    marker = f"CREDITLAB_SANDBOX={parent or os.getpid()}-".encode()
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def signame(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the run's process group and the child; reap it within a bounded time."""
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        log.warning("code sandbox: process %d did not die within 5 s of SIGKILL", proc.pid)
+        _UNREAPED.append(proc)
+    for old in list(_UNREAPED):
+        if old.poll() is not None:
+            _UNREAPED.remove(old)
+
+
+def head(path: str, size: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(size).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def parse(raw: bytes, ended: str, nonce: str, n_tests: int) -> SandboxResult:
+    """Turn the harness's report lines and how the process ended into a result.
+
+    Lines without the run's nonce are ignored (a cheap guard against code that writes forged
+    results to the pipe; see docs/code-tasks.md for what it does not stop).
+    """
+    result = SandboxResult(ended=ended)
+    tests: dict[int, dict[str, Any]] = {}
+    started = -1
+    for line in raw.decode("utf-8", "replace").splitlines():
+        try:
+            msg = json.loads(line)
+            event = msg["event"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if msg.get("k") != nonce:
+            continue
+        if event == "ready":
+            result.isolation = tuple(str(x) for x in msg.get("isolation", ()))
+        elif event == "setup_error":
+            result.error = f"sandbox set-up failed: {msg.get('error')}"
+        elif event == "solution" and result.solution is None:
+            result.solution = str(msg.get("outcome"))
+            if msg.get("error"):
+                result.error = str(msg["error"])
+        elif event == "start" and isinstance(msg.get("index"), int):
+            started = msg["index"]
+        elif event == "test" and isinstance(msg.get("index"), int):
+            index = msg["index"]
+            if 0 <= index < n_tests and index not in tests:
+                entry = {"outcome": str(msg.get("outcome"))}
+                if msg.get("error"):
+                    entry["error"] = str(msg["error"])
+                tests[index] = entry
+        elif event == "exit":
+            result.ended = (f"signal {signame(int(msg['signal']))}" if "signal" in msg
+                            else f"exit {msg.get('code')}")
+        elif event == "done":
+            result.output_bytes = int(msg.get("output_bytes", 0))
+            result.output_dropped = int(msg.get("output_dropped", 0))
+            result.denials = [str(d) for d in msg.get("denials", [])][:20]
+    result.reason = end_reason(result.ended)
+    if result.solution not in (None, "ok"):
+        why = f"solution failed ({result.solution}): {result.error}"
+        result.tests = [{"outcome": result.solution, "error": why} for _ in range(n_tests)]
+        return result
+    if result.reason is None and len(tests) < n_tests:
+        result.reason = "crashed"
+    for index in range(n_tests):
+        if index in tests:
+            result.tests.append(tests[index])
+        elif index == started or (started < 0 and index == 0 and result.solution == "ok"):
+            result.tests.append({"outcome": result.reason or "crashed",
+                                 "error": f"the sandbox ended during this test ({result.ended})"})
+        else:
+            result.tests.append({"outcome": "not_run",
+                                 "error": f"the sandbox ended before this test ({result.ended})"})
+    if result.solution is None and result.reason is not None and result.error is None:
+        result.error = f"the sandbox ended while defining the solution ({result.ended})"
+    return result
+
+
+def end_reason(ended: str) -> str | None:
+    """Why a run ended early, from how it ended; ``None`` for a normal exit."""
+    if ended in ("exit 0", ""):
+        return None
+    if ended == "wall timeout" or ended == "signal SIGXCPU":
+        return "timeout"
+    if ended in ("signal SIGKILL", "report flood"):
+        return "killed"
+    return "crashed"
