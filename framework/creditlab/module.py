@@ -102,7 +102,9 @@ class CreditAssignmentModule(L.LightningModule):
         self.counters = {"tokens/trained": 0.0, "tokens/generated": 0.0, "time/train_s": 0.0}
         # Frozen parameters (a LoRA run's base weights) are not checkpointed: they are reloaded
         # from the model's path, so resuming restores exactly what training changed.
-        self.frozen_keys = {f"policy.{n}" for n, p in model.named_parameters() if not p.requires_grad}
+        self.frozen_keys = {  # tied weights too: each name of a shared tensor is a state-dict key
+            f"policy.{n}" for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
         self.strict_loading = not self.frozen_keys
 
     # -- Lightning plumbing ----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,7 +24,7 @@ from creditlab.datamodule import TaskDataModule
 from creditlab.launch import local_ranks
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.module import CreditAssignmentModule, Parts
-from creditlab.policy import load_policy
+from creditlab.policy import is_peft, load_policy
 from creditlab.rollout import RolloutPlanner
 from creditlab.train import build_parts
 
@@ -120,7 +120,7 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
-    model, tokenizer, model_path = load_policy(checked["model"])
+    model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
     _record(out_dir / "environment.json", model_path=str(model_path))
     parts = build_parts(checked, model, tokenizer)
     reference = None
@@ -149,6 +149,8 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
         dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
         save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
     ), OnExceptionCheckpoint(dirpath=out_dir / "checkpoints", filename="interrupted")]
+    if is_peft(model):
+        callbacks.append(AdapterCheckpoint(out_dir / "adapter"))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # The step loader yields step indices; the module shards each step's prompts over the ranks.
     trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir),
@@ -165,6 +167,26 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary, out_dir, model_path)
     return summary
+
+
+class AdapterCheckpoint(Callback):
+    """Saves a LoRA run's adapter in ``peft`` format (``save_pretrained``) to ``dirpath`` at every
+    checkpoint and at the end of training (rank 0), loadable with
+    ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), dirpath)``; the
+    base model's path is in its ``adapter_config.json``."""
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        self._save(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self._save(trainer, pl_module)
+
+    def _save(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            pl_module.policy.save_pretrained(str(self.dirpath))
 
 
 def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
