@@ -10,10 +10,10 @@ On R ranks (Lightning's DDP strategy) one RL step goes like this:
    (:meth:`creditlab.losses.MiniBatchStats.all_reduce`), every rank backpropagates its rows'
    contribution times R, and DDP averages the gradients: the update equals the single-process
    update of the global batch, for every aggregation mode (``tests/unit/test_ddp_gradients.py``).
-   Within a mini-batch every micro-batch but the last is backpropagated without DDP's all-reduce
-   (:func:`gradient_sync`), so ranks holding different numbers of micro-batches still meet in
-   exactly one all-reduce per optimizer step; a rank with no row in a mini-batch backpropagates
-   an exact zero (:func:`zero_loss`) to take part in it.
+   Every rank runs as many micro-batches as the rank with the most (an extra one runs a row with
+   no trained token: an exact zero), so strategies that reduce gradients at every backward meet
+   in the same collectives; under DDP every micro-batch but the last is backpropagated without
+   the all-reduce (:func:`gradient_sync`): one all-reduce per optimizer step.
 3. Metrics are made global (:func:`gather_floats`, :func:`all_sum`, :func:`reduce_metrics`) and
    logged by rank 0.
 
@@ -23,7 +23,7 @@ Every helper is the identity when ``torch.distributed`` is not initialized (one 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 __all__ = [
     "all_max", "all_sum", "gather_floats", "gradient_sync", "reduce_metrics", "reduction",
-    "rank_and_world", "shard", "zero_loss",
+    "rank_and_world", "shard",
 ]
 
 
@@ -70,18 +70,6 @@ def gradient_sync(strategy: Any, enabled: bool) -> Iterator[None]:
     else:
         with block():
             yield
-
-
-def zero_loss(params: Iterable[torch.Tensor]) -> torch.Tensor:
-    """An exact 0 connected to every parameter: its backward gives each a zero gradient, so a
-    rank without rows still takes part in DDP's gradient all-reduce."""
-    total = None
-    for p in params:
-        term = (p * 0.0).sum()
-        total = term if total is None else total + term
-    if total is None:
-        raise ValueError("zero_loss() needs at least one parameter")
-    return total
 
 
 def _all_reduce(values: Sequence[float], op: str) -> list[float]:

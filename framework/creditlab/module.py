@@ -24,7 +24,7 @@ import torch
 
 from creditlab.credit import CreditMetrics
 from creditlab.distributed import (
-    all_sum, gather_floats, gradient_sync, rank_and_world, reduce_metrics, shard, zero_loss,
+    all_max, all_sum, gather_floats, gradient_sync, rank_and_world, reduce_metrics, shard,
 )
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.interfaces import AdvantageEstimator, GenerationBackend, Segmenter, Verifier
@@ -213,8 +213,10 @@ class CreditAssignmentModule(L.LightningModule):
     def update(self, rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """``updates_per_batch`` optimizer steps over mini-batches of the rollout batch.
 
-        Under DDP each rank holds its own rows; denominators are summed over ranks and DDP
-        averages gradients once per mini-batch, with its last micro-batch. Returns global metrics.
+        Under DDP each rank holds its own rows; denominators are summed over ranks, every rank
+        runs as many micro-batches as the rank with the most (the extra ones train nothing) and
+        the gradients are averaged once per mini-batch, with its last micro-batch. Returns global
+        metrics.
 
         Args:
             rollout: The padded batch, B rows (this rank's).
@@ -232,9 +234,11 @@ class CreditAssignmentModule(L.LightningModule):
         tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
         sums: dict[str, float] = {}
         for rows, stats in minis:
-            chunks = list(torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)))
+            chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
+            n_chunks = int(all_max([len(chunks)])[0])
+            chunks += [None] * (n_chunks - len(chunks))
             for i, mrows in enumerate(chunks):
-                with gradient_sync(self.strategy, enabled=i == len(chunks) - 1):
+                with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
                     parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
                 self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
                 for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
@@ -248,31 +252,33 @@ class CreditAssignmentModule(L.LightningModule):
         return reduce_metrics(sums, weight=1.0, ops={k: UPDATE_OPS.get(k, "sum") for k in sums})
 
     def backward_rows(
-        self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor,
+        self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
         stats: MiniBatchStats, old: torch.Tensor | None, ref: torch.Tensor | None,
     ) -> dict[str, float]:
         """Backpropagate the contribution of ``rows`` (b,) to their mini-batch's loss.
 
         Args:
             rollout, advantages: As in :meth:`update`.
-            rows: Row indices; none when this rank holds no row of the mini-batch (it then
-                backpropagates an exact zero, to join the ranks' gradient all-reduce).
+            rows: Row indices, or None when this rank has no more rows in the mini-batch than
+                other ranks have micro-batches: one row is then run with no trained token (an
+                exact zero that still takes part in the strategy's gradient reduction).
             stats: The whole mini-batch's denominators (every rank).
             old, ref: (B, T) old / reference log-probs, or None.
 
         Returns:
             The loss metric shares, plus ``entropy`` summed over the rows' trained tokens.
         """
-        if len(rows) == 0:
-            self.manual_backward(zero_loss(p for p in self.policy.parameters() if p.requires_grad))
-            return {}
+        pad = rows is None
+        rows = torch.zeros(1, dtype=torch.long) if pad else rows
+        mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
         logits = self.response_logits(rollout, rows)
         logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
         old_lp = old[rows] if old is not None else logprobs.detach()
         ref_lp = ref[rows] if ref is not None else None
-        mask = rollout.loss_mask[rows]
         loss, parts = policy_loss(logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp)
         self.manual_backward(loss)
+        if pad:
+            return {}
         with torch.no_grad():
             entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
         return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
