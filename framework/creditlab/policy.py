@@ -193,8 +193,10 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     (``model.layers.0.self_attn.q_proj.weight``, ...) where each adapted layer's weight is
     ``W + (alpha / r) B A`` (peft's ``get_delta_weight``); adapter tensors are left out. The model
     itself is not changed (no merge/unmerge round trip, which would round the base weights). This
-    is what a generation engine holding its own copy of the weights loads after each update
-    (``GenerationBackend.load_weights``).
+    is what a generation engine holding its own copy of the weights loads after each update: the
+    module calls ``backend.load_weights(None)`` after every update, and such a backend (vLLM)
+    reads ``merged_state_dict(self.model)`` there (``self.model`` is the trained module, also
+    under DDP).
 
     Args:
         model: A causal LM, or a ``peft`` model wrapping one.
