@@ -37,7 +37,8 @@ class RunConfig:
         checkpoint_every: Save a checkpoint every this many RL steps (0 = only at the end).
         resume: ``auto`` (resume from ``<run_dir>/checkpoints/last.ckpt`` when it exists), a
             checkpoint path, or null (start fresh).
-        threads: torch intra-op threads (0 = torch's default).
+        threads: torch intra-op threads per process (0 = torch's default; with several ranks
+            on a machine, its cores shared out between them).
         run_dir: Where the run writes (Hydra's output directory).
         method: The method preset's name (set by ``method=...``), for grouping runs.
         tags: Free-form tags for W&B and reports.
