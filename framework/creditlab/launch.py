@@ -237,7 +237,11 @@ def local_ranks(
         ok = True
     finally:
         watcher.done.set()
-        if not ok:
+        if not ok:  # say which rank went first, if one did (rank 0 then fails in a collective)
+            for rank, proc in enumerate(procs, start=1):
+                if proc.poll():
+                    print(f"creditlab: error: rank {rank} exited with code {proc.returncode}",
+                          file=sys.stderr, flush=True)
             _terminate(procs)
         _leave_process_group()
         for key, value in saved.items():
