@@ -9,7 +9,7 @@ On R ranks (Lightning's DDP strategy) one RL step goes like this:
 2. The loss denominators of each mini-batch are summed over the ranks
    (:meth:`creditlab.losses.MiniBatchStats.all_reduce`), every rank backpropagates its rows'
    contribution times R, and DDP averages the gradients: the update equals the single-process
-   update of the global batch, for every aggregation mode (``tests/unit/test_ddp_gradients.py``).
+   update of the global batch, for every aggregation mode (``tests/integration/test_ddp_gradients.py``).
    Every rank runs as many micro-batches as the rank with the most (an extra one runs a row with
    no trained token: an exact zero), so strategies that reduce gradients at every backward meet
    in the same collectives; under DDP every micro-batch but the last is backpropagated without

@@ -22,6 +22,8 @@ from creditlab.losses import AGG_MODES, LossConfig, MiniBatchStats, gather_logpr
 from creditlab.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
 
+pytestmark = pytest.mark.slow  # two processes importing Lightning: ~20-40 s
+
 WORLD = 2
 PROMPTS, GROUP = 5, 2
 #: (agg, micro_batch_size, updates_per_batch): micro 4 gives rank 0 two micro-batches and rank 1
