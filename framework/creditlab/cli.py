@@ -21,6 +21,31 @@ HYDRA_FLAGS_WITH_VALUE = {
     "--package", "-p", "--experimental-rerun",
 }
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+#: Launcher presets that need Hydra's submitit plug-in (the optional extra ``slurm``).
+SUBMITIT_LAUNCHERS = {"slurm", "submitit_slurm", "submitit_local"}
+SUBMITIT_MISSING = (
+    "hydra/launcher={} needs Hydra's submitit launcher plug-in, which is not installed: "
+    "pip install 'creditlab[slurm]' (the hydra-submitit-launcher package)."
+)
+
+
+def _plugin_installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _check_launcher_plugin(overrides: list[str]) -> None:
+    """Raise ConfigError when a launcher preset's Hydra plug-in is missing (Hydra itself would
+    only say that the option does not exist)."""
+    for text in overrides:
+        key, _, value = text.lstrip("+~").partition("=")
+        if key == "hydra/launcher" and value in SUBMITIT_LAUNCHERS:
+            if not _plugin_installed("hydra_plugins.hydra_submitit_launcher"):
+                raise ConfigError(SUBMITIT_MISSING.format(value))
 
 
 def _error(message: str) -> NoReturn:
@@ -56,6 +81,7 @@ def compose(overrides: list[str]) -> Any:
     from creditlab.hydra_plugins import searchpath_override, split_searchpath
     from creditlab.train import CONF_DIR
 
+    _check_launcher_plugin(overrides)
     user, overrides = split_searchpath(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
         return hydra_compose("train", overrides=[*searchpath_override(user), *overrides])
@@ -68,6 +94,8 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     missing = re.search(r"Could not find '([^']+)/([^']+)'", text)
     if missing:
         group, option = missing.groups()
+        if group == "hydra/launcher" and option.startswith("submitit"):
+            return SUBMITIT_MISSING.format(option)
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         hint = closest(option, options)
         given = [o for o in overrides if o.lstrip("+~").startswith(f"{group}=")]

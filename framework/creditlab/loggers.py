@@ -25,7 +25,7 @@ class JsonlLogger(Logger):
         super().__init__()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
+        if resume_step is not None and self.path.exists() and rank_zero_only.rank == 0:
             keep = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= resume_step]
             self.path.write_text("".join(line + "\n" for line in keep))

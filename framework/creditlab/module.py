@@ -4,8 +4,12 @@ The step never branches on the method: every estimator receives the same
 :class:`~creditlab.types.RolloutBatch` and :class:`~creditlab.interfaces.PolicyHandle`, every reset
 selector the same failed trajectories (through the planner). A method is a config preset.
 
-Randomness is a pure function of ``(seed, rl_step)``: a run resumed from a checkpoint draws the
-same prompts and samples as an uninterrupted one.
+Randomness is a pure function of ``(seed, rl_step, rank)``: a run resumed from a checkpoint draws
+the same prompts and samples as an uninterrupted one.
+
+Data parallel (Lightning's DDP; :mod:`creditlab.distributed`): each rank runs the step on its share
+of the prompts, the loss denominators are global and DDP averages the gradients, so the update is
+the single-process update of the global batch; metrics are global and rank 0 logs them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import lightning as L
 import torch
 
 from creditlab.credit import CreditMetrics
+from creditlab.distributed import (
+    all_max, all_sum, gather_floats, gradient_sync, rank_and_world, reduce_metrics, shard,
+)
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.interfaces import AdvantageEstimator, GenerationBackend, Segmenter, Verifier
 from creditlab.losses import LossConfig, MiniBatchStats, entropy_from_logits, gather_logprobs, policy_loss
@@ -38,9 +45,14 @@ class Parts:
     planner: RolloutPlanner
 
 
-def step_seed(seed: int, step: int, stream: int = 0) -> int:
-    """A 63-bit seed derived from the run seed, the RL step and a stream id."""
-    return (seed * 1_000_003 + step * 7_919 + stream * 104_729) % (2**63 - 1)
+def step_seed(seed: int, step: int, stream: int = 0, rank: int = 0) -> int:
+    """A 63-bit seed derived from the run seed, the RL step, a stream id and the data-parallel
+    rank (rank 0 draws what a single process draws)."""
+    return (seed * 1_000_003 + step * 7_919 + stream * 104_729 + rank * 15_485_863) % (2**63 - 1)
+
+
+#: How the update metrics combine over ranks (others are additive shares: summed).
+UPDATE_OPS = {"train/ratio_max": "max", "train/grad_norm": "mean"}
 
 
 class CreditAssignmentModule(L.LightningModule):
@@ -88,10 +100,21 @@ class CreditAssignmentModule(L.LightningModule):
         self._reference = [reference] if reference is not None else []  # not a submodule
         self.credit = CreditMetrics(tokenizer, rollout.delimiter, rollout.success_reward)
         self.counters = {"tokens/trained": 0.0, "tokens/generated": 0.0, "time/train_s": 0.0}
+        # Frozen parameters (a LoRA run's base weights) are not checkpointed: they are reloaded
+        # from the model's path, so resuming restores exactly what training changed.
+        self.frozen_keys = {  # tied weights too: each name of a shared tensor is a state-dict key
+            f"policy.{n}" for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
+        self.strict_loading = not self.frozen_keys
 
     # -- Lightning plumbing ----------------------------------------------------------------------
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.make_optimizer(params=[p for p in self.policy.parameters() if p.requires_grad])
+
+    @property
+    def strategy(self) -> Any:
+        """Lightning's strategy (None outside a Trainer, e.g. in unit tests)."""
+        return self._trainer.strategy if self._trainer is not None else None
 
     @property
     def rl_step(self) -> int:
@@ -100,16 +123,29 @@ class CreditAssignmentModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["creditlab_counters"] = dict(self.counters)
+        for key in self.frozen_keys:
+            checkpoint["state_dict"].pop(key, None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.counters.update(checkpoint.get("creditlab_counters", {}))
+        saved, own = set(checkpoint["state_dict"]), set(self.state_dict())
+        missing, unexpected = own - saved - self.frozen_keys, saved - own
+        if missing or unexpected:  # loading is not strict when frozen keys are left out
+            raise RuntimeError(
+                f"checkpoint does not match the model: missing {sorted(missing)[:5]}, unexpected "
+                f"{sorted(unexpected)[:5]} (was it written with other model or LoRA settings?)"
+            )
+
+    def seed_for(self, step: int, stream: int = 0) -> int:
+        """The seed of ``stream`` at RL step ``step`` on this rank."""
+        return step_seed(self.seed, step, stream, rank_and_world()[0])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
 
     def handle(self, step: int, stream: int = 0) -> ModelPolicyHandle:
-        rng = torch.Generator().manual_seed(step_seed(self.seed, step, stream))
+        rng = torch.Generator().manual_seed(self.seed_for(step, stream))
         return ModelPolicyHandle(
             self.policy, self.tokenizer, self.parts.backend, rng,
             self.rollout_cfg.temperature, self.loss_cfg.micro_batch_size,
@@ -125,10 +161,14 @@ class CreditAssignmentModule(L.LightningModule):
             self.run_evaluation(self.rl_step)
 
     def run_evaluation(self, step: int) -> dict[str, float]:
+        """Evaluate on this rank's share of the held-out problems; log the global metrics."""
+        count = self.eval_cfg.problems or len(self.eval_problems)
+        mine = shard(self.eval_problems[:count], *rank_and_world())
         metrics = evaluate(
             self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
-            self.eval_problems, self.eval_cfg, self.rollout_cfg, seed=step_seed(self.seed, step, 2),
+            mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
         )
+        metrics = reduce_metrics(metrics, weight=len(mine))
         self.log_metrics(metrics, step)
         return metrics
 
@@ -137,9 +177,10 @@ class CreditAssignmentModule(L.LightningModule):
         step, t0 = self.rl_step, time.perf_counter()
         ctx = self.handle(step)
 
-        # 1. Rollouts: the planner samples groups (and resets), the verifier scores them.
-        problems = self.problems_for_step(step)
-        trajectories = self.parts.planner.collect(problems, ctx, seed=step_seed(self.seed, step))
+        # 1. Rollouts for this rank's share of the step's prompts (all of them in one process):
+        #    the planner samples groups (and resets), the verifier scores them.
+        problems = shard(self.problems_for_step(step), *rank_and_world())
+        trajectories = self.parts.planner.collect(problems, ctx, seed=self.seed_for(step))
         t_gen = time.perf_counter() - t0
 
         # 2. Pad into tensors, segment, estimate per-token advantages.
@@ -153,21 +194,12 @@ class CreditAssignmentModule(L.LightningModule):
         update_metrics = self.update(rollout, advantages.values)
         t_train = time.perf_counter() - t1
 
-        # 4. Sync generation weights, then log.
+        # 4. Sync generation weights, then log the global metrics (rank 0 writes them).
         self.parts.backend.load_weights(None)
         generated = self.parts.planner.take_generated_tokens() + ctx.generated_tokens
         metrics = self.step_metrics(rollout, generated)
         metrics.update(update_metrics)
-        metrics.update({f"train/advantage/{k}": v for k, v in advantages.metrics.items()})
-        metrics.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
-        for kind, part in (
-            ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
-            ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
-            ("reset_selector", self.parts.planner.reset_selector),
-        ):
-            if part is None:
-                continue
-            metrics.update({f"train/{kind}/{k}": v for k, v in part.metrics().items()})
+        metrics.update(reduce_metrics(self.part_metrics(rollout, advantages), weight=rollout.size))
         self.counters["time/train_s"] += time.perf_counter() - t0
         metrics.update({
             "time/step_s": time.perf_counter() - t0, "time/generate_s": t_gen,
@@ -181,40 +213,75 @@ class CreditAssignmentModule(L.LightningModule):
     def update(self, rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
         """``updates_per_batch`` optimizer steps over mini-batches of the rollout batch.
 
+        Under DDP each rank holds its own rows; denominators are summed over ranks, every rank
+        runs as many micro-batches as the rank with the most (the extra ones train nothing) and
+        the gradients are averaged once per mini-batch, with its last micro-batch. Returns global
+        metrics.
+
         Args:
-            rollout: The padded batch, B rows.
+            rollout: The padded batch, B rows (this rank's).
             advantages: (B, T) per-token advantages.
         """
         cfg, opt = self.loss_cfg, self.optimizers()
         n_mini = cfg.updates_per_batch
         old = self.old_logprobs(rollout) if n_mini > 1 else None
         ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
-        order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(step_seed(self.seed, self.rl_step, 3)))
+        order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(self.seed_for(self.rl_step, 3)))
+        minis = [  # each mini-batch's denominators over every rank, before any backward
+            (rows, MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg).all_reduce())
+            for rows in torch.tensor_split(order, n_mini)
+        ]
+        tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
         sums: dict[str, float] = {}
-        for rows in torch.tensor_split(order, n_mini):
-            stats = MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg)
-            micro = cfg.micro_batch_size or len(rows)
-            for mrows in torch.split(rows, micro):
-                logits = self.response_logits(rollout, mrows)
-                logprobs = gather_logprobs(logits, rollout.response_ids[mrows], self.temperature)
-                old_lp = old[mrows] if old is not None else logprobs.detach()
-                ref_lp = ref[mrows] if ref is not None else None
-                loss, parts = policy_loss(
-                    logprobs, old_lp, advantages[mrows], rollout.loss_mask[mrows], cfg, stats, ref_lp
-                )
-                self.manual_backward(loss)
-                with torch.no_grad():
-                    ent = (entropy_from_logits(logits.detach(), self.temperature) * rollout.loss_mask[mrows]).sum()
-                self._add(sums, "train/entropy", float(ent) / max(float(rollout.loss_mask.sum()), 1.0))
+        for rows, stats in minis:
+            chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
+            n_chunks = int(all_max([len(chunks)])[0])
+            chunks += [None] * (n_chunks - len(chunks))
+            for i, mrows in enumerate(chunks):
+                with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
+                    parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
+                self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
                 for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
                     if k == "ratio_max":
-                        sums["train/ratio_max"] = max(sums.get("train/ratio_max", 0.0), float(v))
+                        sums["train/ratio_max"] = max(sums.get("train/ratio_max", 0.0), v)
                     else:
-                        self._add(sums, f"train/{k}", float(v) / n_mini)
+                        self._add(sums, f"train/{k}", v / n_mini)
             self._add(sums, "train/grad_norm", self.clip_gradients_and_norm() / n_mini)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        return sums
+        return reduce_metrics(sums, weight=1.0, ops={k: UPDATE_OPS.get(k, "sum") for k in sums})
+
+    def backward_rows(
+        self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
+        stats: MiniBatchStats, old: torch.Tensor | None, ref: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Backpropagate the contribution of ``rows`` (b,) to their mini-batch's loss.
+
+        Args:
+            rollout, advantages: As in :meth:`update`.
+            rows: Row indices, or None when this rank has no more rows in the mini-batch than
+                other ranks have micro-batches: one row is then run with no trained token (an
+                exact zero that still takes part in the strategy's gradient reduction).
+            stats: The whole mini-batch's denominators (every rank).
+            old, ref: (B, T) old / reference log-probs, or None.
+
+        Returns:
+            The loss metric shares, plus ``entropy`` summed over the rows' trained tokens.
+        """
+        pad = rows is None
+        rows = torch.zeros(1, dtype=torch.long) if pad else rows
+        mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
+        logits = self.response_logits(rollout, rows)
+        logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
+        old_lp = old[rows] if old is not None else logprobs.detach()
+        ref_lp = ref[rows] if ref is not None else None
+        loss, parts = policy_loss(logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp)
+        self.manual_backward(loss)
+        if pad:
+            return {}
+        with torch.no_grad():
+            entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
+        return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
 
     # -- helpers -----------------------------------------------------------------------------------
     @property
@@ -259,17 +326,31 @@ class CreditAssignmentModule(L.LightningModule):
         sums[key] = sums.get(key, 0.0) + value
 
     def step_metrics(self, rollout: RolloutBatch, generated: int) -> dict[str, float]:
-        """Reward and length statistics; updates the token counters (``generated`` = every token
-        sampled this step, trained or not)."""
-        rewards = rollout.rewards
-        lengths = rollout.response_mask.sum(1)
-        self.counters["tokens/trained"] += float(rollout.loss_mask.sum())
-        self.counters["tokens/generated"] += float(generated)
+        """Reward and length statistics of the global batch (every rank's rows); updates the token
+        counters (``generated`` = every token this rank sampled this step, trained or not)."""
+        rewards = torch.tensor(gather_floats(rollout.rewards.tolist()))
+        lengths = torch.tensor(gather_floats(rollout.response_mask.sum(1).tolist()))
+        trained, generated = all_sum([float(rollout.loss_mask.sum()), float(generated)])
+        self.counters["tokens/trained"] += trained
+        self.counters["tokens/generated"] += generated
         return {
             "train/reward/mean": float(rewards.mean()),
             "train/reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
             "train/response_length/mean": float(lengths.mean()),
             "train/response_length/max": float(lengths.max()),
-            "train/rows": float(rollout.size),
-            "train/tokens_generated": float(generated),
+            "train/rows": float(len(rewards)),
+            "train/tokens_generated": generated,
         }
+
+    def part_metrics(self, rollout: RolloutBatch, advantages: Any) -> dict[str, float]:
+        """This rank's estimator, credit and part metrics (``train/<kind>/<key>``)."""
+        out = {f"train/advantage/{k}": v for k, v in advantages.metrics.items()}
+        out.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
+        for kind, part in (
+            ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
+            ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
+            ("reset_selector", self.parts.planner.reset_selector),
+        ):
+            if part is not None:
+                out.update({f"train/{kind}/{k}": v for k, v in part.metrics().items()})
+        return out

@@ -16,14 +16,15 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.datamodule import TaskDataModule
+from creditlab.launch import local_ranks
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.module import CreditAssignmentModule, Parts
-from creditlab.policy import load_policy
+from creditlab.policy import is_peft, load_policy
 from creditlab.rollout import RolloutPlanner
 from creditlab.train import build_parts
 
@@ -90,12 +91,23 @@ def write_status(out_dir: Path, status: str, started: str, error: BaseException 
     os.replace(tmp, out_dir / "status.json")
 
 
-def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Fit as configured (see ``_fit``), recording the run's state in ``status.json``."""
+def fit(
+    cfg: DictConfig, checked: dict[str, Any], out_dir: Path, processes: int = 1, threads: int = 1
+) -> dict[str, Any]:
+    """Fit as configured (see ``_fit``), recording the run's state in ``status.json``.
+
+    With ``processes > 1`` this process is rank 0 and starts the other ranks of this machine
+    (:func:`creditlab.launch.local_ranks`), each with ``threads`` torch threads.
+    """
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     write_status(out_dir, "running", started)
+
+    def child_failed(message: str) -> None:
+        write_status(out_dir, "failed", started, RuntimeError(message))
+
     try:
-        summary = _fit(cfg, checked, out_dir)
+        with local_ranks(out_dir, processes, threads, on_failure=child_failed):
+            summary = _fit(cfg, checked, out_dir)
     except BaseException as exc:
         write_status(out_dir, "failed", started, exc)
         raise
@@ -108,7 +120,7 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
-    model, tokenizer, model_path = load_policy(checked["model"])
+    model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
     _record(out_dir / "environment.json", model_path=str(model_path))
     parts = build_parts(checked, model, tokenizer)
     reference = None
@@ -137,18 +149,44 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
         dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
         save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
     ), OnExceptionCheckpoint(dirpath=out_dir / "checkpoints", filename="interrupted")]
+    if is_peft(model):
+        callbacks.append(AdapterCheckpoint(out_dir / "adapter"))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir))
+    # The step loader yields step indices; the module shards each step's prompts over the ranks.
+    trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir),
+                       use_distributed_sampler=False)
     trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=_loggers(cfg, out_dir, resume_step, run_cfg))
     try:
         trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
     finally:
         parts["verifier"].close()
+    if trainer.global_rank != 0:
+        return {}
     rows = read_metrics(out_dir / "metrics.jsonl")
     summary = _summarize(rows, out_dir)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary, out_dir, model_path)
     return summary
+
+
+class AdapterCheckpoint(Callback):
+    """Saves a LoRA run's adapter in ``peft`` format (``save_pretrained``) to ``dirpath`` at every
+    checkpoint and at the end of training (rank 0), loadable with
+    ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), dirpath)``; the
+    base model's path is in its ``adapter_config.json``."""
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        self._save(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self._save(trainer, pl_module)
+
+    def _save(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            pl_module.policy.save_pretrained(str(self.dirpath))
 
 
 def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:

@@ -37,7 +37,8 @@ class RunConfig:
         checkpoint_every: Save a checkpoint every this many RL steps (0 = only at the end).
         resume: ``auto`` (resume from ``<run_dir>/checkpoints/last.ckpt`` when it exists), a
             checkpoint path, or null (start fresh).
-        threads: torch intra-op threads (0 = torch's default).
+        threads: torch intra-op threads per process (0 = torch's default; with several ranks
+            on a machine, its cores shared out between them).
         run_dir: Where the run writes (Hydra's output directory).
         method: The method preset's name (set by ``method=...``), for grouping runs.
         tags: Free-form tags for W&B and reports.
@@ -88,6 +89,10 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         options = dict(_plain(cfg.get(kind)) or {})
         cls = REGISTRIES[kind].get(options.pop("name", None) or "")
         out[kind] = (cls, build_config(cls.Config, options, kind))
+    if "trainer" in cfg:
+        from creditlab.launch import plan
+
+        out["launch"] = plan(_plain(cfg.trainer), out["run"].prompts_per_step)
     selector = cfg.reset_selector.name if "reset_selector" in cfg else "none"
     if bool(out["rollout"].resets) != (selector != "none"):
         raise ConfigError(
@@ -155,20 +160,43 @@ def environment() -> dict[str, Any]:
     return out
 
 
+def _process_rank() -> int:
+    """This process's global rank when a cluster launcher started it (0 otherwise)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
 def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
-    """Train as configured, writing everything under ``out_dir``. Returns the last metrics."""
+    """Train as configured, writing everything under ``out_dir``. Returns the last metrics.
+
+    With a multi-process strategy (``trainer=ddp``) this process becomes rank 0 and starts the
+    other ranks of this machine (:mod:`creditlab.launch`); they read ``out_dir/config.yaml``.
+    """
+    from creditlab.launch import processes_to_start, threads_per_rank
+    from creditlab.policy import resolve_model_path
     from creditlab.runner import fit
 
     checked = validate(cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
-    (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
-    if checked["run"].threads:
-        torch.set_num_threads(checked["run"].threads)
+    if _process_rank() == 0:
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
+        (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
+    layout = checked.get("launch")
+    processes = processes_to_start(layout) if layout is not None else 1
+    threads = checked["run"].threads
+    if processes > 1 or (layout is not None and layout.world_size > 1):
+        ranks_here = processes if processes > 1 else int(os.environ.get("LOCAL_WORLD_SIZE", layout.devices))
+        threads = threads_per_rank(threads, ranks_here)
+    if threads:
+        torch.set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return fit(cfg, checked, out_dir)
+    if processes > 1:  # a model recipe builds its cache once, before the other ranks load it
+        resolve_model_path(checked["model"])
+    return fit(cfg, checked, out_dir, processes=processes, threads=threads)
 
 
 __all__ = ["run", "validate", "build_parts", "ConfigError", "CONF_DIR", "build_part"]
