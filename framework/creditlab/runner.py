@@ -144,6 +144,7 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
         trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
     finally:
         parts["verifier"].close()
+        parts["backend"].close()
     rows = read_metrics(out_dir / "metrics.jsonl")
     summary = _summarize(rows, out_dir)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
