@@ -161,6 +161,7 @@ class CreditAssignmentModule(L.LightningModule):
         metrics.update({f"train/advantage/{k}": v for k, v in advantages.metrics.items()})
         metrics.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
         for kind, part in (
+            ("backend", self.parts.backend),
             ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
             ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
             ("reset_selector", self.parts.planner.reset_selector),
@@ -200,15 +201,16 @@ class CreditAssignmentModule(L.LightningModule):
                 old_lp = old[mrows] if old is not None else logprobs.detach()
                 ref_lp = ref[mrows] if ref is not None else None
                 loss, parts = policy_loss(
-                    logprobs, old_lp, advantages[mrows], rollout.loss_mask[mrows], cfg, stats, ref_lp
+                    logprobs, old_lp, advantages[mrows], rollout.loss_mask[mrows], cfg, stats, ref_lp,
+                    engine_logprobs=rollout.gen_logprobs[mrows],
                 )
                 self.manual_backward(loss)
                 with torch.no_grad():
                     ent = (entropy_from_logits(logits.detach(), self.temperature) * rollout.loss_mask[mrows]).sum()
                 self._add(sums, "train/entropy", float(ent) / max(float(rollout.loss_mask.sum()), 1.0))
                 for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
-                    if k == "ratio_max":
-                        sums["train/ratio_max"] = max(sums.get("train/ratio_max", 0.0), float(v))
+                    if k.endswith("_max"):  # maxima combine by max
+                        sums[f"train/{k}"] = max(sums.get(f"train/{k}", 0.0), float(v))
                     else:
                         self._add(sums, f"train/{k}", float(v) / n_mini)
             self._add(sums, "train/grad_norm", self.clip_gradients_and_norm() / n_mini)
