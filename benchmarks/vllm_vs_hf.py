@@ -49,13 +49,14 @@ def stats(values: list[float]) -> dict[str, float]:
             "max": max(values), "n": len(values)}
 
 
-def make_backend(name: str, model, tokenizer):
+def make_backend(name: str, model, tokenizer, compile_vllm: bool = False):
     from creditlab.backends.hf import HFBackend
     from creditlab.backends.vllm import VLLMBackend
 
     if name == "hf":
         return HFBackend(model=model, tokenizer=tokenizer)
-    return VLLMBackend(VLLMBackend.Config(kv_cache_gib=1.0), model=model, tokenizer=tokenizer)
+    config = VLLMBackend.Config(kv_cache_gib=1.0, enforce_eager=not compile_vllm)
+    return VLLMBackend(config, model=model, tokenizer=tokenizer)
 
 
 def bench_generation(args, ckpt: str) -> dict:
@@ -64,7 +65,7 @@ def bench_generation(args, ckpt: str) -> dict:
     from creditlab.types import GenerationRequest, SamplingParams
 
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
-    backends = {name: make_backend(name, model, tok) for name in ("hf", "vllm")}
+    backends = {name: make_backend(name, model, tok, args.vllm_compile) for name in ("hf", "vllm")}
     start = time.perf_counter()
     backends["vllm"].engine()
     engine_start = time.perf_counter() - start
@@ -115,7 +116,7 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
     problems = [Problem(str(i), p, "") for i, p in enumerate(make_prompts(args.prompts))]
     rollout = RolloutConfig(group_size=args.generations, max_new_tokens=args.train_tokens)
-    backend = make_backend(name, model, tok)
+    backend = make_backend(name, model, tok, args.vllm_compile)
     verifier = DigitFractionVerifier()
     planner = RolloutPlanner(rollout, backend, verifier, NoResetSelector())
     module = CreditAssignmentModule(
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6, help="measured training steps per backend")
     parser.add_argument("--warmup", type=int, default=2, help="training steps dropped first")
     parser.add_argument("--only", choices=("generate", "train"), default=None)
+    parser.add_argument("--vllm-compile", action="store_true",
+                        help="let vLLM torch.compile the model (backend.enforce_eager=false)")
     parser.add_argument("--json", default=None, help="write the raw results here")
     args = parser.parse_args(argv)
 
@@ -200,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "settings": vars(args),
         "vllm_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+        "vllm_compile": args.vllm_compile,
         "versions": {d: metadata.version(d) for d in ("vllm-cpu", "torch", "transformers")},
     }
     if args.only in (None, "generate"):

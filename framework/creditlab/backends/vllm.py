@@ -145,8 +145,8 @@ class VLLMBackend(GenerationBackend):
         kv_cache_gib: Memory for the KV cache (GiB); on CPU ``VLLM_CPU_KVCACHE_SPACE`` wins.
         gpu_memory_utilization: Fraction of device memory vLLM may use (GPU).
         max_num_seqs: Requests the engine batches at once.
-        enforce_eager: Skip ``torch.compile`` (about 20 s less start-up on CPU; see
-            benchmarks/README.md for the throughput either way).
+        enforce_eager: Skip ``torch.compile``: on this CPU compiling doubled the engine start
+            (95 s vs 42-58 s) for no throughput gain at tiny sizes (benchmarks/README.md).
         enable_prefix_caching: Reuse KV blocks of shared prefixes (a group's prompt, the thoughts
             so far); reset after every weight sync.
         truncated_logprobs: With top-k/top-p truncation vLLM's log-probs are of the truncated
