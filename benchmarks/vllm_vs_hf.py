@@ -83,8 +83,9 @@ def bench_generation(args, ckpt: str) -> dict:
             if r:
                 rates[name].append(tokens / dt)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.gen_tokens)
-    same = [c.response_ids for c in backends["hf"].generate(requests[:: args.generations], greedy)] == [
-        c.response_ids for c in backends["vllm"].generate(requests[:: args.generations], greedy)
+    one_each = requests[:: args.generations]
+    same = [c.response_ids for c in backends["hf"].generate(one_each, greedy)] == [
+        c.response_ids for c in backends["vllm"].generate(one_each, greedy)
     ]
     backends["vllm"].close()
     return {"tokens_per_s": {k: stats(v) for k, v in rates.items()},
@@ -120,7 +121,8 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     verifier = DigitFractionVerifier()
     planner = RolloutPlanner(rollout, backend, verifier, NoResetSelector())
     module = CreditAssignmentModule(
-        model, tok, Parts(backend, verifier, WholeSegmenter(tokenizer=tok), GRPOAdvantage(), planner),
+        model, tok,
+        Parts(backend, verifier, WholeSegmenter(tokenizer=tok), GRPOAdvantage(), planner),
         problems_for_step=lambda step: problems, eval_problems=problems[:1], loss=LossConfig(),
         rollout=rollout, eval_cfg=EvalConfig(every=0),
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0),
@@ -220,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"training step {args.prompts}x{args.generations}x{args.train_tokens} "
               f"(seconds, median of {args.steps} after {args.warmup} warm-up):")
         for name in ("hf", "vllm"):
-            parts = ", ".join(f"{k} {t[name][k]['median']:.3f}" for k in ("generate", "update", "sync"))
+            parts = ", ".join(
+                f"{k} {t[name][k]['median']:.3f}" for k in ("generate", "update", "sync")
+            )
             print(f"  {name:4} {fmt(t[name]['step'], ' s')}   [{parts}]")
         ratio = t["vllm"]["step"]["median"] / t["hf"]["step"]["median"]
         print(f"  step time vllm/hf = {ratio:.2f}")

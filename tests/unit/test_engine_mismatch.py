@@ -7,6 +7,7 @@ detached weight ``min(π_old / π_engine, cap)``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -61,7 +62,7 @@ def test_tis_weights_the_token_loss_by_the_capped_detached_ratio(mode):
     assert math.isclose(float(loss.detach()), float(want.detach()), rel_tol=1e-12, abs_tol=1e-12)
     torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
     on = mask > 0
-    assert math.isclose(float(m["backend/tis_weight_mean"]), float(weight[on].mean()), rel_tol=1e-12)
+    assert math.isclose(float(m["backend/tis_weight_mean"]), float(weight[on].mean()), rel_tol=1e-9)
     clipped = (torch.exp(old - eng) > cap)[on].double().mean()
     assert math.isclose(float(m["backend/tis_clip_frac"]), float(clipped), rel_tol=1e-12)
 
@@ -76,8 +77,9 @@ def test_mismatch_metrics_by_hand_and_no_effect_on_the_loss_without_tis():
     assert m_plain["backend/logprob_abs_diff_max"] == 0 and m_plain["backend/logprob_kl"] == 0
     on = mask > 0
     d = (eng - old)[on]
-    assert math.isclose(float(m["backend/logprob_abs_diff_mean"]), float(d.abs().mean()), rel_tol=1e-12)
-    assert math.isclose(float(m["backend/logprob_abs_diff_max"]), float(d.abs().max()), rel_tol=1e-12)
+    close = functools.partial(math.isclose, rel_tol=1e-12)
+    assert close(float(m["backend/logprob_abs_diff_mean"]), float(d.abs().mean()))
+    assert close(float(m["backend/logprob_abs_diff_max"]), float(d.abs().max()))
     kl = (torch.exp(-d) + d - 1).mean()  # k3 of KL(engine || trainer) on engine samples
     assert math.isclose(float(m["backend/logprob_kl"]), float(kl), rel_tol=1e-12)
     assert "backend/tis_weight_mean" not in m

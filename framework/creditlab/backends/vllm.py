@@ -192,8 +192,8 @@ class VLLMBackend(GenerationBackend):
         self.llm: Any = None  # the vllm.LLM, once started
         self.folder: Path | None = None  # the engine's snapshot (config, tokenizer, weights)
         self._cleanup: Any = None
-        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0, "syncs": 0.0, "sync_s": 0.0}
-        self.start_seconds = 0.0
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0, "syncs": 0.0, "sync_s": 0.0,
+                       "engine_start_s": 0.0}
 
     # ----------------------------------------------------------------------------- public API
     def generate(
@@ -297,8 +297,8 @@ class VLLMBackend(GenerationBackend):
             raise RuntimeError("vLLM did not reset its prefix cache after a weight sync")
 
     def metrics(self) -> dict[str, float]:
-        """Generated tokens, calls, seconds, tokens/s, weight syncs and their seconds since the
-        last call (then reset)."""
+        """Generated tokens, calls, seconds, tokens/s, weight syncs and their seconds, and the
+        engine's start-up seconds, since the last call (then reset)."""
         s = self._stats
         out = dict(s)
         out["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
@@ -346,7 +346,7 @@ class VLLMBackend(GenerationBackend):
         )
         kwargs.update(cfg.engine_kwargs)
         self.llm = vllm.LLM(**kwargs)
-        self.start_seconds = time.perf_counter() - start
+        self._stats["engine_start_s"] += time.perf_counter() - start
         return self.llm
 
     def _snapshot(self) -> Path:
@@ -415,7 +415,10 @@ class VLLMBackend(GenerationBackend):
             if not _same(getattr(p, k, None), v)
         }
         if wrong:
-            raise RuntimeError(f"vLLM's effective sampling differs from the request: {wrong}")
+            raise RuntimeError(
+                f"vLLM would not sample as requested: {{setting: (requested, vLLM's)}} = {wrong}. "
+                "Use settings vLLM keeps (e.g. temperature 0 or >= 0.01)."
+            )
         return p
 
     def _completions(
