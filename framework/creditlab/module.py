@@ -136,6 +136,7 @@ class CreditAssignmentModule(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         step, t0 = self.rl_step, time.perf_counter()
         ctx = self.handle(step)
+        self.parts.backend.metrics()  # drop the evaluation's counts: train/backend/* is this step's
 
         # 1. Rollouts: the planner samples groups (and resets), the verifier scores them.
         problems = self.problems_for_step(step)
