@@ -321,6 +321,8 @@ class VLLMBackend(GenerationBackend):
         if self.llm is not None:
             return self.llm
         os.environ.setdefault("VLLM_LOGGING_LEVEL", self.config.log_level)
+        # vLLM reports usage statistics over the network by default; a training run should not.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         try:
             import vllm
         except ImportError as exc:
