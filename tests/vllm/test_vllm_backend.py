@@ -263,3 +263,16 @@ def test_settings_vllm_would_change_or_cannot_honour_are_refused(setup):
         vb.generate(reqs, SamplingParams(max_new_tokens=600))
     with pytest.raises(ValueError):
         vb.generate(reqs, SamplingParams(top_p=0.0))
+
+
+def test_importing_and_validating_does_not_import_vllm():
+    """Lazy import: creditlab, the registry and the backend's config never import vllm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import creditlab.module, creditlab.train; "
+        "from creditlab.registry import REGISTRIES; cls = REGISTRIES['backend'].get('vllm'); "
+        "cls.Config(); assert 'vllm' not in sys.modules, 'vllm imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
