@@ -1,5 +1,5 @@
 """The vLLM backend's tests: marker ``vllm``, run in .venv-vllm by ``make test-vllm``; skipped
-wherever vLLM is not installed (the main venv). One engine per test module (it takes 15-50 s to
+wherever vLLM is not installed (the main venv). One engine per test module (it takes 35-60 s to
 start on 2 shared cores); vLLM spawns its processes, which pytest's entry point allows."""
 
 import pytest
