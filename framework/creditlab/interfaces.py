@@ -160,7 +160,16 @@ class GenerationBackend(Part):
         """One completion per request, in request order."""
 
     def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:  # noqa: B027
-        """Sync the engine's weights with the trainer's. No-op for backends sharing the module."""
+        """Sync the engine's weights with the trainer's, after every RL step.
+
+        Args:
+            state_dict: Checkpoint-format tensors, or None: the backend takes the current weights
+                of ``self.model`` itself (what the module passes). No-op for backends sampling
+                from the module itself.
+        """
+
+    def close(self) -> None:  # noqa: B027
+        """Release engines, worker processes or other resources (the run calls it at the end)."""
 
 
 class Verifier(Part):

@@ -64,6 +64,12 @@ class LossConfig:
         norm_constant: ``T_max`` for ``seq-mean-token-sum-norm`` (required and > 0 then).
         updates_per_batch: Optimizer updates (mini-batches) per rollout batch. >= 1.
         micro_batch_size: Sequences per forward/backward; 0 = the whole mini-batch.
+        tis_cap: Truncated importance sampling (TESTING trap 4): multiply each token's
+            policy-gradient loss by ``min(π_old / π_engine, tis_cap)`` (detached), where π_engine
+            is the generation backend's probability of the sampled token and π_old the
+            trainer's before the update; corrects for the engine sampling from a slightly
+            different distribution than the trainer scores (e.g. vLLM in bf16). ``None`` = off;
+            else >= 1 (e.g. 2.0).
     """
 
     mode: str = "clip"
@@ -76,6 +82,7 @@ class LossConfig:
     norm_constant: float | None = None
     updates_per_batch: int = 1
     micro_batch_size: int = 0
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ConfigError:
@@ -109,6 +116,8 @@ class LossConfig:
             isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 0
         ):
             raise bad("micro_batch_size", "an integer >= 0 (0 = whole mini-batch)")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            raise bad("tis_cap", "null (off) or a number >= 1, e.g. 2.0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,8 +369,10 @@ def policy_loss(
     cfg: LossConfig,
     stats: MiniBatchStats,
     ref_logprobs: torch.Tensor | None = None,
+    engine_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token loss + ``kl_coef``·KL, aggregated into this micro-batch's contribution.
+    """Token loss (times the TIS weight when ``cfg.tis_cap`` is set) + ``kl_coef``·KL,
+    aggregated into this micro-batch's contribution.
 
     Args:
         logprobs: (b, T) log π_θ of the response tokens (with grad).
@@ -373,20 +384,31 @@ def policy_loss(
         stats: Whole-mini-batch denominators (:class:`MiniBatchStats`).
         ref_logprobs: (b, T) log π_ref; required when ``cfg.kl_coef > 0``. When given with
             ``kl_coef == 0`` the KL is only measured.
+        engine_logprobs: (b, T) log-probs of the response tokens under the generation backend
+            (``RolloutBatch.gen_logprobs``); required when ``cfg.tis_cap`` is set. When given,
+            the mismatch between engine and trainer (``old_logprobs``) is measured.
 
     Returns:
         ``(loss, metrics)``. ``loss`` is the contribution (see :func:`aggregate`). Metrics are
         detached scalars, each this micro-batch's *additive share* of the mini-batch value (token
         means over ``stats.num_tokens``, not multiplied by ``world_size``): sum them over all
-        micro-batches and all ranks. Exception: ``ratio_max`` combines by max. Keys: ``loss``
+        micro-batches and all ranks. Exception: ``*_max`` keys combine by max. Keys: ``loss``
         (the loss at the configured aggregation), ``pg_loss`` (without KL, token mean),
         ``clip_frac`` (trust-region clipped tokens), ``dual_clip_frac``, ``ratio_mean``,
-        ``ratio_max``, and ``kl`` (token-mean KL estimate) when ``ref_logprobs`` is given.
+        ``ratio_max``, and ``kl`` (token-mean KL estimate) when ``ref_logprobs`` is given. With
+        ``engine_logprobs`` (``d = log π_engine - log π_old`` per trained token):
+        ``backend/logprob_abs_diff_mean`` (token mean of ``|d|``), ``backend/logprob_abs_diff_max``
+        (combines by max, as every ``*_max`` key), ``backend/logprob_kl`` (token mean of the k3
+        estimate of KL(π_engine ‖ π_old), the tokens being samples of the engine); with
+        ``tis_cap`` also ``backend/tis_weight_mean`` and ``backend/tis_clip_frac`` (tokens whose
+        weight was capped).
     """
     if old_logprobs is None:
         old_logprobs = logprobs.detach()
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("LossConfig.kl_coef > 0 needs ref_logprobs.")
+    if cfg.tis_cap is not None and engine_logprobs is None:
+        raise ValueError("LossConfig.tis_cap needs engine_logprobs (the backend's log-probs).")
     trained = loss_mask > 0
 
     def safe(x: torch.Tensor) -> torch.Tensor:
@@ -394,6 +416,12 @@ def policy_loss(
 
     lp, old, adv = safe(logprobs), safe(old_logprobs.detach()), safe(advantages.detach())
     pg, ratio, clipped, dual = _token_loss(lp, old, adv, cfg)
+    eng = safe(engine_logprobs.detach()) if engine_logprobs is not None else None
+    tis = None
+    if eng is not None and cfg.tis_cap is not None:
+        raw = torch.exp((old - eng).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        tis = (raw.clamp(max=cfg.tis_cap), raw > cfg.tis_cap)
+        pg = pg * tis[0]
     per_token = pg
     kl = None
     if ref_logprobs is not None:
@@ -422,4 +450,15 @@ def policy_loss(
         }
         if kl is not None:
             metrics["kl"] = share(kl)
+        if eng is not None:
+            diff = (eng - old).abs()
+            metrics["backend/logprob_abs_diff_mean"] = share(diff)
+            metrics["backend/logprob_abs_diff_max"] = (
+                torch.where(trained, diff, torch.zeros_like(diff)).max()
+                if diff.numel() else diff.new_zeros(())
+            )
+            metrics["backend/logprob_kl"] = share(kl_penalty(eng, old, "k3"))
+        if tis is not None:
+            metrics["backend/tis_weight_mean"] = share(tis[0])
+            metrics["backend/tis_clip_frac"] = share(tis[1])
     return loss, metrics

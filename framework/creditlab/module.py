@@ -176,6 +176,7 @@ class CreditAssignmentModule(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         step, t0 = self.rl_step, time.perf_counter()
         ctx = self.handle(step)
+        self.parts.backend.metrics()  # drop the evaluation's counts: train/backend/* is this step's
 
         # 1. Rollouts for this rank's share of the step's prompts (all of them in one process):
         #    the planner samples groups (and resets), the verifier scores them.
@@ -242,14 +243,15 @@ class CreditAssignmentModule(L.LightningModule):
                     parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
                 self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
                 for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
-                    if k == "ratio_max":
-                        sums["train/ratio_max"] = max(sums.get("train/ratio_max", 0.0), v)
+                    if k.endswith("_max"):  # maxima combine by max
+                        sums[f"train/{k}"] = max(sums.get(f"train/{k}", 0.0), v)
                     else:
                         self._add(sums, f"train/{k}", v / n_mini)
             self._add(sums, "train/grad_norm", self.clip_gradients_and_norm() / n_mini)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        return reduce_metrics(sums, weight=1.0, ops={k: UPDATE_OPS.get(k, "sum") for k in sums})
+        ops = {k: "max" if k.endswith("_max") else UPDATE_OPS.get(k, "sum") for k in sums}
+        return reduce_metrics(sums, weight=1.0, ops=ops)
 
     def backward_rows(
         self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
@@ -275,7 +277,10 @@ class CreditAssignmentModule(L.LightningModule):
         logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
         old_lp = old[rows] if old is not None else logprobs.detach()
         ref_lp = ref[rows] if ref is not None else None
-        loss, parts = policy_loss(logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp)
+        loss, parts = policy_loss(
+            logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp,
+            engine_logprobs=rollout.gen_logprobs[rows],
+        )
         self.manual_backward(loss)
         if pad:
             return {}
@@ -347,9 +352,9 @@ class CreditAssignmentModule(L.LightningModule):
         out = {f"train/advantage/{k}": v for k, v in advantages.metrics.items()}
         out.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
         for kind, part in (
-            ("advantage", self.parts.advantage), ("verifier", self.parts.verifier),
-            ("segmenter", self.parts.segmenter), ("rollout", self.parts.planner),
-            ("reset_selector", self.parts.planner.reset_selector),
+            ("backend", self.parts.backend), ("advantage", self.parts.advantage),
+            ("verifier", self.parts.verifier), ("segmenter", self.parts.segmenter),
+            ("rollout", self.parts.planner), ("reset_selector", self.parts.planner.reset_selector),
         ):
             if part is not None:
                 out.update({f"train/{kind}/{k}": v for k, v in part.metrics().items()})

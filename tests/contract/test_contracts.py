@@ -60,6 +60,8 @@ def test_contract(kind, name, monkeypatch):
 
     monkeypatch.chdir(Path(__file__).parents[2])
     cls = REGISTRIES[kind].get(name)
+    if (kind, name) == ("backend", "vllm"):
+        pytest.skip("tests/vllm checks the vLLM backend's contract (marker vllm, `make test-vllm`)")
     if kind == "backend":
         from tests.helpers import tiny_model_and_tokenizer
 

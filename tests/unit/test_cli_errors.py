@@ -68,3 +68,12 @@ def test_user_searchpath_joins_ours(tmp_path):
     (tmp_path / "task" / "arith_short.yaml").write_text("name: arith\nmax_steps: 2\n")
     cfg = check([f"hydra.searchpath=[file://{tmp_path}]", "task=arith_short", "+sweeps=resets"])
     assert cfg.task.max_steps == 2 and cfg.trainer.max_steps == 80  # both folders were searched
+
+
+def test_vllm_backend_without_vllm_names_the_install_command(capsys):
+    from creditlab.backends.vllm import vllm_available
+
+    if vllm_available():
+        pytest.skip("vLLM is installed here")
+    err = _message(capsys, ["backend=vllm"])
+    assert err.count("\n") == 1 and "make setup-vllm" in err and "creditlab[vllm]" in err

@@ -1,7 +1,10 @@
 """The update step moves the policy the right way and leaves masked tokens alone."""
 
 import functools
+import math
+from dataclasses import replace
 
+import pytest
 import torch
 
 from creditlab.evaluation import EvalConfig
@@ -54,3 +57,39 @@ def test_masked_prefix_tokens_get_no_gradient():
     before = [p.detach().clone() for p in model.parameters()]
     module.update(batch, adv)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def _with_engine_logprobs(batch, logprobs):
+    """``batch`` re-collated with each completion's engine log-probs set to ``logprobs[i]``."""
+    trajs = []
+    for i, t in enumerate(batch.trajectories):
+        n = len(t.completion.response_ids)
+        c = replace(t.completion, logprobs=tuple(float(v) for v in logprobs[i, :n]))
+        trajs.append(replace(t, completion=c))
+    return collate(trajs, 0)
+
+
+def test_update_logs_the_engine_trainer_logprob_mismatch():
+    """Trap 4: every step logs |log π_engine - log π_trainer| (max, mean) and a KL estimate,
+    from the rollout's stored engine log-probs, whatever the backend."""
+    for updates in (1, 2):
+        module, _ = _module(LossConfig(updates_per_batch=updates), lr=0.0)
+        batch = _batch()
+        exact = _with_engine_logprobs(batch, module.old_logprobs(batch))
+        m = module.update(exact, torch.ones_like(exact.loss_mask) * exact.loss_mask)
+        assert m["train/backend/logprob_abs_diff_max"] < 1e-5  # same model scores: ratio 1
+        off = _with_engine_logprobs(batch, module.old_logprobs(batch) - 0.25)
+        m = module.update(off, torch.ones_like(off.loss_mask) * off.loss_mask)
+        assert abs(m["train/backend/logprob_abs_diff_max"] - 0.25) < 1e-5
+        assert abs(m["train/backend/logprob_abs_diff_mean"] - 0.25) < 1e-5
+        k3 = math.exp(0.25) - 0.25 - 1  # d = log π_engine - log π_trainer = -0.25
+        assert abs(m["train/backend/logprob_kl"] - k3) < 1e-5
+
+
+def test_tis_cap_weights_the_update():
+    module, _ = _module(LossConfig(tis_cap=2.0))
+    batch = _batch()
+    off = _with_engine_logprobs(batch, module.old_logprobs(batch) - 1.0)  # π_old/π_engine = e
+    m = module.update(off, torch.ones_like(off.loss_mask) * off.loss_mask)
+    assert m["train/backend/tis_weight_mean"] == pytest.approx(2.0)
+    assert m["train/backend/tis_clip_frac"] == pytest.approx(1.0)

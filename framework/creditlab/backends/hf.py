@@ -53,6 +53,29 @@ def validate_sampling(sp: SamplingParams) -> None:
         raise ValueError(f"seed must be an int or None, got {sp.seed!r}")
 
 
+def check_requests(
+    requests: Sequence[GenerationRequest], sampling: SamplingParams, context: int | None
+) -> None:
+    """Raise when a request is empty, or needs more positions than the model's ``context``.
+
+    Raises:
+        ValueError: A request has neither prompt nor prefix ids.
+        InputError: prompt + prefix + ``max_new_tokens`` exceeds ``context`` (None: no limit).
+    """
+    for i, r in enumerate(requests):
+        if len(r.prompt_ids) + len(r.prefix_ids) == 0:
+            raise ValueError(f"request {i} has neither prompt_ids nor prefix_ids")
+        need = len(r.prompt_ids) + len(r.prefix_ids) + sampling.max_new_tokens
+        if context is not None and need > context:
+            raise InputError(
+                f"request {i}: prompt ({len(r.prompt_ids)} tokens) + prefix "
+                f"({len(r.prefix_ids)}) + max_new_tokens ({sampling.max_new_tokens}) = {need} "
+                f"exceeds the model's context of {context} positions. Shorten the prompt "
+                f"(task.prompt_template / task.limit), lower rollout.max_new_tokens, or use a "
+                f"model with a longer context."
+            )
+
+
 @dataclass(frozen=True)
 class SamplingPlan:
     """Everything the decoding loop reads: built from SamplingParams and the tokenizer only.
@@ -256,18 +279,7 @@ class HFBackend(GenerationBackend):
         validate_sampling(sampling)
         requests = list(requests)
         context = getattr(self.model.config, "max_position_embeddings", None)
-        for i, r in enumerate(requests):
-            if len(r.prompt_ids) + len(r.prefix_ids) == 0:
-                raise ValueError(f"request {i} has neither prompt_ids nor prefix_ids")
-            need = len(r.prompt_ids) + len(r.prefix_ids) + sampling.max_new_tokens
-            if context is not None and need > context:
-                raise InputError(
-                    f"request {i}: prompt ({len(r.prompt_ids)} tokens) + prefix "
-                    f"({len(r.prefix_ids)}) + max_new_tokens ({sampling.max_new_tokens}) = {need} "
-                    f"exceeds the model's context of {context} positions. Shorten the prompt "
-                    f"(task.prompt_template / task.limit), lower rollout.max_new_tokens, or use a "
-                    f"model with a longer context."
-                )
+        check_requests(requests, sampling, context)
         plan = self._plan(sampling)
         self.last_effective = {**dataclasses.asdict(plan), "greedy": plan.greedy}
         requested = (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_new_tokens)

