@@ -27,7 +27,7 @@ try:  # transformers >= 4.56: per-layer cache objects
 except ImportError:  # pragma: no cover - older transformers: no sharing, plain forward only
     DynamicLayer = None
 
-__all__ = ["accepts_logits_to_keep", "response_logits", "unique_rows"]
+__all__ = ["accepts_logits_to_keep", "branch_logits", "response_logits", "unique_rows"]
 
 _DROPOUT_CONFIG_KEYS = (
     "attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
@@ -199,3 +199,64 @@ def response_logits(
         use_cache=True,
     )
     return torch.cat([head, out.logits], dim=1).float()
+
+
+def _select_cache(cache: Any, index: torch.Tensor) -> Any:
+    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is)."""
+    from transformers import DynamicCache
+
+    out = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys[index], layer.values[index], i)
+    return out
+
+
+@torch.no_grad()
+def branch_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: torch.Tensor,
+    at: torch.Tensor,
+    branch_ids: torch.Tensor,
+    branch_mask: torch.Tensor,
+    chunk: int = 0,
+) -> torch.Tensor | None:
+    """(J, M, V) logits predicting each branch token, each trunk run once (see
+    :meth:`creditlab.interfaces.PolicyHandle.branch_logprobs` for the arguments).
+
+    The trunks (B, L), right-padded, run once with ``use_cache=True``. Branch ``j`` then re-feeds
+    token ``at[j] - 1`` of its trunk followed by ``branch_ids[j]``, at positions ``at[j] - 1 ...``,
+    against the trunk's cached keys/values masked to columns ``< at[j] - 1``: the logits at
+    branch column ``t`` predict ``branch_ids[j, t]`` from ``trunk[:at[j]] + branch_ids[j, :t]``,
+    as a full forward over that sequence would (up to float rounding). ``chunk`` > 0 runs the
+    branches that many at a time. Returns ``None`` when the model's cache cannot be gathered
+    (not plain full attention, dynamic RoPE, or no ``logits_to_keep``): the caller falls back.
+    """
+    if dynamic_rope(model) or not accepts_logits_to_keep(model) or bool((at < 1).any()):
+        return None
+    cache = _shared_prompt_cache(model)
+    if cache is None:
+        return None
+    model_out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask),
+        past_key_values=cache, use_cache=True, logits_to_keep=1,
+    )
+    trunk_cache = model_out.past_key_values
+    width = input_ids.shape[1]
+    cols = torch.arange(width, device=input_ids.device)
+    outs = []
+    step = chunk or len(rows)
+    for s in range(0, len(rows), step):
+        r, a = rows[s : s + step], at[s : s + step]
+        ids, bmask = branch_ids[s : s + step], branch_mask[s : s + step]
+        first = input_ids[r, a - 1].unsqueeze(1)  # (j, 1): re-fed so its logits predict branch token 0
+        past = (cols[None, :] < (a - 1)[:, None]) & (attention_mask[r] > 0)
+        mask = torch.cat([past.long(), torch.ones_like(first), bmask.long()], dim=1)
+        pos = (a - 1)[:, None] + torch.arange(ids.shape[1] + 1, device=ids.device)[None, :]
+        out = model(
+            input_ids=torch.cat([first, ids], dim=1), attention_mask=mask, position_ids=pos,
+            past_key_values=_select_cache(trunk_cache, r), use_cache=True,
+        )
+        outs.append(out.logits[:, :-1].float())
+    return torch.cat(outs) if outs else None

@@ -76,6 +76,53 @@ class PolicyHandle(abc.ABC):
             is 0.
         """
 
+    def branch_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        at: torch.Tensor,
+        branch_ids: torch.Tensor,
+        branch_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Teacher-forced log-probs of short continuations that branch off shared sequences, no grad.
+
+        Branch ``j`` continues the first ``at[j]`` tokens of trunk ``rows[j]`` with
+        ``branch_ids[j]`` (e.g. RREDCoT's ``state + cue + answer`` rows: many answers after many
+        prefixes of one response). This default builds every ``trunk[:at] + branch`` sequence and
+        calls :meth:`logprobs`; a handle holding the model may run each trunk once and branch
+        from its KV cache (the same numbers up to float rounding).
+
+        Args:
+            input_ids: (B, L) long trunks, right-padded (real tokens first).
+            attention_mask: (B, L) long.
+            rows: (J,) long, the trunk of each branch.
+            at: (J,) long, ``1 <= at[j] <=`` the real length of trunk ``rows[j]``.
+            branch_ids: (J, M) long, right-padded.
+            branch_mask: (J, M) long.
+
+        Returns:
+            (J, M) float: ``[j, t] = log p(branch_ids[j, t] | trunk[:at[j]] + branch_ids[j, :t])``,
+            0 where ``branch_mask`` is 0.
+        """
+        if len(rows) == 0:
+            return torch.zeros(branch_ids.shape, dtype=torch.float32)
+        seqs = []
+        for j in range(len(rows)):
+            trunk = input_ids[rows[j], : at[j]]
+            seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for j, x in enumerate(seqs):
+            ids[j, : len(x)], mask[j, : len(x)] = x, 1
+        lp = self.logprobs(ids, mask)
+        out = torch.zeros(branch_ids.shape, dtype=torch.float32)
+        for j in range(len(seqs)):
+            n = int(branch_mask[j].sum())
+            out[j, :n] = lp[j, int(at[j]) : int(at[j]) + n].float()
+        return out
+
     @abc.abstractmethod
     def input_gradients(
         self,

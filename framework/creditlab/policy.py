@@ -328,6 +328,29 @@ class ModelPolicyHandle(PolicyHandle):
             out[s : s + step, 1:] = gather_logprobs(logits, ids[:, 1:], self.temperature)
         return out * attention_mask
 
+    def branch_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        at: torch.Tensor,
+        branch_ids: torch.Tensor,
+        branch_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each trunk runs once; branches continue from its KV cache
+        (:func:`creditlab.forward.branch_logits`), or the plain default when the model's cache
+        cannot be shared."""
+        from creditlab.forward import branch_logits
+
+        if len(rows):
+            logits = branch_logits(
+                self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
+                chunk=self.micro_batch_size,
+            )
+            if logits is not None:
+                return gather_logprobs(logits, branch_ids, self.temperature) * branch_mask
+        return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask)
+
     def input_gradients(
         self,
         input_ids: torch.Tensor,

@@ -17,10 +17,12 @@ token sequence is a prefix of another's unless an answer contains the suffix tex
 ``sum_y pi(y|s) <= 1`` and, for rewards in [0, 1], ``V`` is in [0, 1]; probability mass on
 answers nobody in the pool gave counts as utility 0 (the paper's low bias;
 ``renormalize=true`` divides by ``sum_y pi(y|s)`` instead). Probabilities come from
-``ctx.logprobs``, i.e. the sampling policy at the rollout temperature. All (state, answer) rows
-of the batch, deduplicated (rows of a group share ``s_0``, suffixes of a reset group share their
-prefix states), go through ONE batched ``ctx.logprobs`` call (``max_rows`` > 0 splits it into
-length-sorted chunks).
+the policy at the rollout temperature. All (state, answer) pairs of the batch, deduplicated
+(rows of a group share ``s_0`` and often their first thoughts; suffixes of a reset group share
+their prefix states), go through ONE ``ctx.branch_logprobs`` call: each response that holds a new
+state runs once (its *trunk*), and every ``cue + answer`` continues from the trunk's KV cache at
+its state (``max_rows`` > 0 splits the branches into length-sorted chunks). That is about two
+forward passes' worth of tokens per step, not one per (state, answer) pair.
 
 **Redistribution.** With states ``s_0 < s_1 < ... < s_{K-1}`` and reward ``R``:
 ``R~_k = V(s_{k+1}) - V(s_k)`` for ``k < K-1`` and ``R~_{K-1} = R - V(s_{K-1})``, so the sum is
@@ -111,7 +113,7 @@ class RREDCoTAdvantage(AdvantageEstimator):
         zero_std_tol: Groups (and segment sets) whose std is below this are single-outcome.
         single_outcome: ``zero`` (GRPO's convention) or ``raw`` (keep the redistributed credit).
         mix: Weight of the plain GRPO advantage added to every trained token.
-        max_rows: Rows per ``ctx.logprobs`` call (0 = all rows in one call).
+        max_rows: Branches (state, answer pairs) per ``ctx.branch_logprobs`` call (0 = all in one).
         """
 
         cue: str = "\\boxed{"
@@ -181,33 +183,44 @@ class RREDCoTAdvantage(AdvantageEstimator):
         return keys, pools
 
     def answer_probs(
-        self, rows: list[tuple[tuple[int, ...], int]], ctx: PolicyHandle
+        self,
+        trunks: list[tuple[int, ...]],
+        branches: list[tuple[int, int, tuple[int, ...], int]],
+        ctx: PolicyHandle,
     ) -> tuple[list[float], int]:
-        """``pi(answer | context)`` for each ``(ids, n_answer)``: the product of the last
-        ``n_answer`` tokens' probabilities. Returns the probabilities and the number of
-        ``ctx.logprobs`` calls (1, or more with ``max_rows``)."""
-        if not rows:
+        """``pi(answer | state)`` for each branch ``(trunk, at, ids, n_answer)``: the product of the
+        probabilities of the last ``n_answer`` of ``ids`` teacher-forced after the first ``at``
+        tokens of ``trunks[trunk]``, from :meth:`PolicyHandle.branch_logprobs` (each trunk runs
+        once; the branches continue from it). Returns the probabilities and the number of calls
+        (1, or more with ``max_rows``: length-sorted chunks of that many branches)."""
+        if not branches:
             return [], 0
-        order = sorted(range(len(rows)), key=lambda i: (len(rows[i][0]), i))
-        if not self.config.max_rows:
-            chunks = [list(range(len(rows)))]
-        else:
-            step = self.config.max_rows
-            chunks = [order[s : s + step] for s in range(0, len(order), step)]
-        out = [0.0] * len(rows)
         pad = self._pad_id(ctx)
+        ids = torch.full((len(trunks), max(len(t) for t in trunks)), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, seq in enumerate(trunks):
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[i, : len(seq)] = 1
+        order = sorted(range(len(branches)), key=lambda j: (branches[j][1] + len(branches[j][2]), j))
+        step = self.config.max_rows or len(branches)
+        chunks = [order[s : s + step] for s in range(0, len(order), step)] if self.config.max_rows else [
+            list(range(len(branches)))
+        ]
+        out = [0.0] * len(branches)
         for chunk in chunks:
-            width = max(len(rows[i][0]) for i in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for j, i in enumerate(chunk):
-                seq = rows[i][0]
-                ids[j, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-                mask[j, : len(seq)] = 1
-            logp = ctx.logprobs(ids, mask).to(torch.float64)  # (rows, width)
-            for j, i in enumerate(chunk):
-                seq, n_ans = rows[i]
-                out[i] = math.exp(float(logp[j, len(seq) - n_ans : len(seq)].sum()))
+            width = max(len(branches[j][2]) for j in chunk)
+            bids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            bmask = torch.zeros_like(bids)
+            for k, j in enumerate(chunk):
+                seq = branches[j][2]
+                bids[k, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+                bmask[k, : len(seq)] = 1
+            rows = torch.tensor([branches[j][0] for j in chunk], dtype=torch.long)
+            at = torch.tensor([branches[j][1] for j in chunk], dtype=torch.long)
+            logp = ctx.branch_logprobs(ids, mask, rows, at, bids, bmask).to(torch.float64)
+            for k, j in enumerate(chunk):
+                n, n_ans = len(branches[j][2]), branches[j][3]
+                out[j] = math.exp(float(logp[k, n - n_ans : n].sum()))
         return out, len(chunks)
 
     def redistribute(
@@ -219,7 +232,7 @@ class RREDCoTAdvantage(AdvantageEstimator):
             batch: Uses ``trajectories`` (ids, ``trainable_from``, reward, ``info["parsed"]``),
                 ``group_ids`` (B,) and ``segments`` (the whole response is one segment when
                 ``None``).
-            ctx: Its ``tokenizer`` encodes cue and answers; one ``logprobs`` call values all.
+            ctx: Its ``tokenizer`` encodes cue and answers; one ``branch_logprobs`` call values all.
 
         Returns:
             ``(credits, metrics)`` with one :class:`RowCredit` per row (empty lists for rows with
@@ -229,6 +242,8 @@ class RREDCoTAdvantage(AdvantageEstimator):
         keys, pools = self.answer_pools(batch, ctx)
         cue = self._encode(ctx, cfg.cue) if any(pools.values()) else ()
         index: dict[tuple[Any, tuple[int, ...], tuple[int, ...]], int] = {}
+        where: list[tuple[int, int]] = []  # per state: (its trunk, its length in trunk tokens)
+        trunks: list[tuple[int, ...]] = []
         row_states: list[list[int]] = []
         for b, traj in enumerate(batch.trajectories):
             c = traj.completion
@@ -238,15 +253,19 @@ class RREDCoTAdvantage(AdvantageEstimator):
             if not bool((batch.loss_mask[b] > 0).any()):
                 starts = []  # nothing trained (e.g. a masked truncation): nothing to value
             row_states.append(starts)
-            if pools[keys[b]]:
-                for s in starts:
-                    index.setdefault((keys[b], c.prompt_ids, c.response_ids[:s]), len(index))
-        rows, owners = [], []
-        for (key, prompt, prefix), state in index.items():
+            new = [s for s in starts if pools[keys[b]] and (keys[b], c.prompt_ids, c.response_ids[:s]) not in index]
+            if new:  # this row is the trunk of the states first seen in it
+                trunks.append((*c.prompt_ids, *c.response_ids))
+            for s in new:
+                index[(keys[b], c.prompt_ids, c.response_ids[:s])] = len(index)
+                where.append((len(trunks) - 1, len(c.prompt_ids) + s))
+        branches, owners = [], []
+        for (key, _, _), state in index.items():
+            trunk, at = where[state]
             for ans, utility in pools[key].items():
-                rows.append(((*prompt, *prefix, *cue, *ans), len(ans)))
+                branches.append((trunk, at, (*cue, *ans), len(ans)))
                 owners.append((state, utility))
-        probs, calls = self.answer_probs(rows, ctx)
+        probs, calls = self.answer_probs(trunks, branches, ctx)
         value = [0.0] * len(index)
         mass = [0.0] * len(index)
         for (state, utility), p in zip(owners, probs):
@@ -276,8 +295,8 @@ class RREDCoTAdvantage(AdvantageEstimator):
             "no_answer_groups": float(sum(1 for a in pools.values() if not a)),
             "answer_mass": sum(mass) / len(mass) if mass else 0.0,
             "states": float(len(index)),
-            "value_rows": float(len(rows)),
-            "value_tokens": float(sum(len(r[0]) for r in rows)),
+            "value_rows": float(len(branches)),
+            "value_tokens": float(sum(len(t) for t in trunks) + sum(len(b[2]) + 1 for b in branches)),
             "value_calls": float(calls),
             "segments_per_row": (
                 sum(sum(cr.trained) for cr in credits) / len(credits) if credits else 0.0
@@ -291,7 +310,7 @@ class RREDCoTAdvantage(AdvantageEstimator):
 
         Args:
             batch: As :meth:`redistribute`, plus ``rewards`` (B,) and ``loss_mask`` (B, T).
-            ctx: The current policy (one batched ``logprobs`` call; no generation).
+            ctx: The current policy (one ``branch_logprobs`` call; no generation).
 
         Returns:
             ``values`` (B, T): segment k's normalized ``R~_k`` (+ ``mix`` x the GRPO advantage) on

@@ -465,3 +465,23 @@ def test_estimator_config_errors():
             RREDCoTAdvantage.Config(**bad)
     part = build_part("advantage", {"name": "rredcot", "norm": "segment_std"})
     assert isinstance(part, RREDCoTAdvantage) and part.config.norm == "segment_std"
+
+
+def test_model_handle_values_equal_full_forwards(one_thread):
+    """The model handle values every state from its response's KV cache (each trunk runs once);
+    the values equal those of full forwards over every ``state + cue + answer`` sequence."""
+    from creditlab.policy import ModelPolicyHandle
+
+    model, tok = tiny_model_and_tokenizer(seed=2)
+    seg = _segmenter(tok, min_segment_tokens=2)
+    est = RREDCoTAdvantage(RREDCoTAdvantage.Config(single_outcome="raw"))
+    cached = ModelPolicyHandle(model, tok, None, torch.Generator().manual_seed(0))
+    full = FakePolicyHandle(logits_fn=lambda x: model(x).logits, tokenizer=tok)
+    for seed in range(2):
+        batch = _model_batch(tok, seed)
+        batch = with_segments(batch, seg.segment(batch))
+        fast, metrics = est.redistribute(batch, cached)
+        slow, _ = est.redistribute(batch, full)
+        assert metrics["value_rows"] > 0
+        for a, b in zip(fast, slow):
+            assert a.starts == b.starts and a.values == pytest.approx(b.values, abs=1e-5)
