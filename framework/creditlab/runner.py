@@ -32,12 +32,15 @@ log = logging.getLogger(__name__)
 
 # The policy stays in eval mode (no dropout) so trainer log-probs match the sampler's; checkpoints
 # are taken after the optimizer step on purpose; batches are a function of the step, so the
-# step loader needs no state to resume.
+# step loader needs no state to resume; the run resolves its own resume checkpoint (`resume`), so
+# Lightning's "ckpt_path=None ... last" guess (made because OnExceptionCheckpoint is present) is moot.
 for _pattern in (
     r"Found \d+ module\(s\) in eval mode",
     r"Using ModelCheckpoint with manual optimization",
     r"You're resuming from a checkpoint that ended before the epoch ended",
     r"Checkpoint directory .* exists and is not empty",
+    r"`\.fit\(ckpt_path=None\)` was called without a model",
+    r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint available',
 ):
     warnings.filterwarnings("ignore", message=_pattern)
 
