@@ -107,14 +107,31 @@ class Comparison:
         return self.settings["baseline"]
 
 
-def aggregate_curve(runs: list[Run], metric: str, axis: str) -> Band | None:
+#: Train reward curves: trailing mean over this many logged steps.
+REWARD_SMOOTHING = 10
+
+
+def _trailing_mean(ys: list[float], window: int) -> list[float]:
+    """Mean of each value and up to ``window - 1`` values before it."""
+    out, total = [], 0.0
+    for i, y in enumerate(ys):
+        total += y - (ys[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def aggregate_curve(runs: list[Run], metric: str, axis: str, smooth: int = 1) -> Band | None:
     """Average ``metric`` over ``runs`` against ``axis``.
 
     On the step axis the seeds are aligned on the RL steps they all logged (no interpolation).
     Otherwise (tokens, time; or steps the seeds do not share) each seed is linearly interpolated
-    onto an even 100-point grid over the x-range every seed covers: no extrapolation.
+    onto an even 100-point grid over the x-range every seed covers: no extrapolation. ``smooth``
+    > 1 first replaces each seed's values by their trailing mean over that many points (the
+    per-step train reward of 64 samples is noisy).
     """
     curves = [c for c in (r.curve(metric, axis) for r in runs) if c[0]]
+    if smooth > 1:
+        curves = [(xs, _trailing_mean(list(ys), smooth)) for xs, ys in curves]
     if not curves:
         return None
     if axis == "step":
@@ -290,7 +307,8 @@ def compare(
     if bad:
         warnings.insert(0, f"{len(bad)} of {len(runs)} runs did not finish cleanly: "
                         + "; ".join(f"{r.name}: {r.detail}" for r in bad))
-    curves = {(axis, m): {g.label: b for g in groups if (b := aggregate_curve(g.used, m, axis)) is not None}
+    curves = {(axis, m): {g.label: b for g in groups
+                          if (b := aggregate_curve(g.used, m, axis, REWARD_SMOOTHING if m == REWARD else 1)) is not None}
               for m in (metric, REWARD) for axis in AXES}
     settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
                 "threshold": threshold, "threshold_source": source, "bootstrap": resamples, "seed": seed,

@@ -77,7 +77,7 @@ def plot_curves(c: Comparison, out: Path) -> list[Path]:
     colors = {g.label: f"C{i % 10}" for i, g in enumerate(c.groups)}
     written = []
     for axis, name in PLOT_FILES.items():
-        panels = [(c.settings["metric"], f"held-out {c.settings['metric']}"), (REWARD, "train reward (mean)")]
+        panels = [(c.settings["metric"], f"held-out {c.settings['metric']}"), (REWARD, "train reward (mean of the last 10 steps)")]
         if not any(c.curves[(axis, m)] for m, _ in panels):
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
