@@ -33,7 +33,8 @@ def test_two_steps_on_the_code_task(tmp_path):
         assert row["train/verifier/sandbox_s_mean"] > 0
         assert row["train/verifier/namespaces"] in (0.0, 1.0)
     evals = [r for r in rows if "eval/verifier/scored" in r]
-    assert evals and all(r["eval/verifier/scored"] == 6 for r in evals)
+    per_eval = 6 * (1 + cfg.eval.samples)  # one greedy and eval.samples sampled completions per problem
+    assert evals and all(r["eval/verifier/scored"] == per_eval for r in evals)
     prov = json.loads((tmp_path / "plugins.json").read_text())
     assert prov["task"]["name"] == "code" and prov["verifier"]["name"] == "code_tests"
     assert not live_sandbox_processes(), "the run left sandboxed processes behind"

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from creditlab.loggers import read_metrics
-from tests.integration.conftest import SMALL
+from tests.integration.conftest import SMALL, stable
 
 pytestmark = pytest.mark.slow
 
 DDP = ["trainer=ddp", "trainer.devices=2", "loss.kl_coef=0.05", "loss.kl_estimator=k1", "eval.every=2"]
-VOLATILE = ("wall", "time/")
 
 
 def _train(out_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -25,10 +24,6 @@ def _train(out_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +58,8 @@ def test_two_ranks_train_and_rank_zero_logs_global_metrics(runs):
 
 def test_resumed_two_rank_run_matches_an_uninterrupted_one(runs):
     root, _ = runs
-    full = _stable(read_metrics(root / "full" / "metrics.jsonl"))
-    resumed = _stable(read_metrics(root / "resumed" / "metrics.jsonl"))
+    full = stable(read_metrics(root / "full" / "metrics.jsonl"))
+    resumed = stable(read_metrics(root / "resumed" / "metrics.jsonl"))
     assert [r["step"] for r in full if "train/loss" in r] == [1, 2, 3, 4]
     assert len({r["train/entropy"] for r in full if "train/entropy" in r}) == 4, "the weights move"
     assert resumed == full

@@ -11,22 +11,18 @@ import torch
 from creditlab.cli import compose
 from creditlab.loggers import read_metrics
 from creditlab.train import run
-from tests.integration.conftest import SMALL
+from tests.integration.conftest import SMALL, stable
 
 pytestmark = pytest.mark.slow
 
 LORA = ["model.lora.enabled=true", "model.lora.r=8", "model.lora.alpha=16",
         "loss.kl_coef=0.05", "loss.kl_estimator=k1", "threads=1"]
-VOLATILE = ("wall", "time/")
 
 
 def _train(out_dir, *overrides):
     cfg = compose([*SMALL, *LORA, f"run_dir={out_dir}", *overrides])
     return run(cfg, out_dir)
 
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +41,7 @@ def test_lora_run_trains_and_resumes_exactly(runs):
     assert all(math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0 for r in train)
     assert len({r["train/entropy"] for r in train}) == 4, "the adapters move the policy"
     resumed = read_metrics(runs / "resumed" / "metrics.jsonl")
-    assert _stable(resumed) == _stable(full)
+    assert stable(resumed) == stable(full)
 
 
 def test_checkpoint_and_peft_adapter_reproduce_the_trained_policy(runs):

@@ -8,24 +8,16 @@ import pytest
 from creditlab.cli import compose
 from creditlab.loggers import read_metrics
 from creditlab.train import run
-from tests.integration.conftest import SMALL
+from tests.integration.conftest import SMALL, stable
 
 pytestmark = pytest.mark.slow
 
-VOLATILE = ("wall", "time/")
-DURATIONS = ("_s", "seconds")  # e.g. train/backend/seconds, train/backend/tokens_per_s
 
 
 def _train(out_dir, *overrides):
     cfg = compose([*SMALL, f"run_dir={out_dir}", *overrides])
     return run(cfg, out_dir)
 
-
-def _stable(rows):
-    return [
-        {k: v for k, v in r.items() if not k.startswith(VOLATILE) and not k.endswith(DURATIONS)}
-        for r in rows
-    ]
 
 
 def test_run_writes_everything(tmp_path):
@@ -53,13 +45,13 @@ def test_same_seed_same_metrics_and_resume_matches(tmp_path):
     resumed = tmp_path / "r"
     _train(full_a, "trainer.max_steps=4")
     _train(full_b, "trainer.max_steps=4")
-    a, b = (_stable(read_metrics(d / "metrics.jsonl")) for d in (full_a, full_b))
+    a, b = (stable(read_metrics(d / "metrics.jsonl")) for d in (full_a, full_b))
     assert a == b, "the same seed must give identical metrics"
 
     _train(resumed, "trainer.max_steps=2")  # stops after checkpointing step 2 ...
     (resumed / "metrics.jsonl").open("a").write('{"step": 3, "train/reward/mean": 9.0}\n')  # lost step
     _train(resumed, "trainer.max_steps=4")  # ... and the same command resumes it
-    r = _stable(read_metrics(resumed / "metrics.jsonl"))
+    r = stable(read_metrics(resumed / "metrics.jsonl"))
     assert r == a, "a resumed run must match the uninterrupted run"
 
 
