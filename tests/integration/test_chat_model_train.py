@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import creditlab.policy as policy
+from creditlab import policy
 from creditlab.cli import compose
 from creditlab.loggers import read_metrics
 from creditlab.train import run
