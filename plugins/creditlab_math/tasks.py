@@ -28,6 +28,7 @@ from creditlab.interfaces import Task
 from creditlab.registry import ConfigError, InputError
 from creditlab.types import Problem
 from creditlab_math.extract import after_last_hashes, last_boxed
+from creditlab_math.numina import HUB_DATASET
 
 GSM8K_TEMPLATE = (
     "Solve the math word problem below. Think step by step, then write the final answer as a "
@@ -37,6 +38,15 @@ MATH_TEMPLATE = (
     "Solve the math problem below. Think step by step, then write the final answer in "
     "\\boxed{}.\n\nProblem: {problem}\n\nSolution:"
 )
+#: Thought-by-thought prompt of the SRPO paper presets (our wording of the format the SRPO code
+#: asks for: one reasoning step per thought ending with the delimiter, final answer boxed).
+NUMINA_TEMPLATE = (
+    "Solve the problem below one step at a time. Each step is a single observation, calculation "
+    "or deduction that moves toward the answer, and every step ends with </thought>. When a step "
+    "reaches the final answer, write the answer as \\boxed{answer} in that step and end it with "
+    "</thought>.\n\nProblem: {problem}\n"
+)
+PREPARE_NUMINA = "python -m creditlab_math.prepare numina-olympiads --out {path}"
 _EXTENSIONS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -396,3 +406,56 @@ class MathTask(_FileTask):
                 f"that boxes its answer, or unset task.answer_from_solution."
             )
         return boxed, {**metadata, "solution": text}
+
+
+class NuminaOlympiadsTask(MathTask):
+    """The SRPO paper's NuminaMath olympiad problems (arXiv 2605.25507): 400 train / 100 test
+    rows of ``AI-MO/NuminaMath-CoT`` with ``source == "olympiads"`` and a verifiable boxed answer,
+    prepared once into local JSONL files by ``python -m creditlab_math.prepare
+    numina-olympiads`` (:mod:`creditlab_math.numina`; docs/data.md). Rows hold ``id``,
+    ``problem``, ``answer`` (the gold answer, no ``\\boxed``) and ``solution``; pair with
+    ``verifier=math_verify``. The default prompt asks for thought-by-thought solutions ending each
+    step with ``</thought>`` (change it with ``rollout.delimiter``). No step oracle.
+    """
+
+    _task_name = "numina"
+
+    @dataclass
+    class Config:
+        """Options of the ``numina_olympiads`` task.
+
+        Attributes:
+            path: Folder (or file, or ``{split}`` pattern) written by the preparation command;
+                relative paths are relative to the working directory.
+            train_file: File of the train split (relative to ``path`` when it is a directory).
+            test_file: File of the test split.
+            problem_field: Row field holding the problem statement.
+            answer_field: Row field holding the gold answer.
+            answer_from_solution: Take the answer from the last ``\\boxed{}`` of
+                ``answer_field`` instead (e.g. ``answer_field: solution``).
+            prompt_template: Prompt text; ``{problem}`` is replaced by the problem.
+            limit: Keep only the first ``limit`` rows of each split (0 = all).
+            id_field: Row field holding a unique id; ``None`` uses ``numina-<split>-<row>``.
+        """
+
+        path: str | None = "data/numina_olympiads"
+        train_file: str | None = None
+        test_file: str | None = None
+        problem_field: str = "problem"
+        answer_field: str = "answer"
+        answer_from_solution: bool = False
+        prompt_template: str = NUMINA_TEMPLATE
+        limit: int = 0
+        id_field: str | None = "id"
+
+    def _rows(self, split: str) -> tuple[list[dict[str, Any]], str]:
+        path = self.config.path
+        if path is None or not (os.path.exists(path) or "{split}" in path):
+            target = path or "data/numina_olympiads"
+            raise FileNotFoundError(
+                f"task.path={path!r}: no prepared NuminaMath olympiad split there. Prepare it "
+                f"once with `{PREPARE_NUMINA.format(path=target)}` (reads {HUB_DATASET} from the "
+                f"hub; add --from <local copy> without network), or point task.path at the "
+                f"folder it wrote (docs/data.md)."
+            )
+        return super()._rows(split)

@@ -20,6 +20,7 @@ PARTS = [(k, n) for k in KINDS for n in REGISTRIES[k].names() if REGISTRIES[k].e
 TASK_OPTIONS = {
     "gsm8k": {"path": "tests/fixtures/math/gsm8k_small.jsonl"},
     "math": {"path": "tests/fixtures/math/math_small.jsonl"},
+    "numina_olympiads": {"path": "tests/fixtures/math/numina_prepared"},
 }
 
 
