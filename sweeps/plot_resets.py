@@ -2,6 +2,7 @@
 localization quality against the step oracle. Reads ``<sweep dir>/<method>-seed<k>/metrics.jsonl``.
 
     python sweeps/plot_resets.py multirun/resets --out docs/methods/img/resets.png
+    python sweeps/plot_resets.py multirun/compare_methods --methods grpo,rrpo,srpo,srpo_oracle
 
 Prints a Markdown table (mean ± standard error over seeds) and writes a three-panel plot.
 """
@@ -33,11 +34,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("sweep_dir", type=Path)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--methods", default="", help="comma-separated methods to keep (default: every one)")
     args = p.parse_args()
+    keep = {m for m in args.methods.split(",") if m}
     runs: dict[str, dict[int, list[dict]]] = defaultdict(dict)
     for d in sorted(args.sweep_dir.iterdir()):
         m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
-        if m and (d / "metrics.jsonl").exists():
+        if m and (d / "metrics.jsonl").exists() and (not keep or m.group(1) in keep):
             if not (d / "summary.json").exists():  # written when a run finishes
                 print(f"skipping unfinished run {d.name}")
                 continue
