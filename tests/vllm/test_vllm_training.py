@@ -74,3 +74,16 @@ def test_without_the_sync_the_metric_shows_the_stale_engine(tmp_path, cache, mon
     first, second = _train_rows(tmp_path)
     assert first["train/backend/logprob_abs_diff_max"] < SYNCED  # started from current weights
     assert second["train/backend/logprob_abs_diff_max"] > 100 * SYNCED  # sampled from old ones
+
+
+def test_lora_run_syncs_the_merged_adapter_into_the_engine(tmp_path, cache):
+    """LoRA with backend=vllm: the engine gets base + B·A·alpha/r after every step, so its
+    log-probs stay the trainer's while the adapter moves; the adapter is saved as with hf."""
+    lora = ["model.lora.enabled=true", "model.lora.r=8", "model.lora.alpha=16", "optim.lr=1e-2"]
+    run(compose([*ARGS, *lora, f"run_dir={tmp_path}"]), tmp_path)
+    rows = _train_rows(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["train/grad_norm"] > 0 for r in rows), "the adapter trains"
+    for r in rows:
+        assert r["train/backend/logprob_abs_diff_max"] < SYNCED, r
+    assert (tmp_path / "adapter" / "adapter_config.json").exists()
