@@ -212,7 +212,7 @@ def compare(argv: list[str]) -> None:
     parser = _ArgumentParser(
         prog="creditlab compare",
         description="Compare runs grouped by config keys (seeds are the replicates): tables, learning curves "
-        "with 95%% confidence bands and paired bootstrap tests against a baseline. See docs/comparing.md.",
+        "with 95% confidence bands and paired bootstrap tests against a baseline. See docs/comparing.md.",
     )
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. multirun/<date>)")
     parser.add_argument("--by", default="method", help="comma-separated config keys defining a group (default: method)")
