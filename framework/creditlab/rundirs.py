@@ -99,18 +99,25 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 def find_runs(paths: list[str | Path]) -> list[Path]:
     """Run directories among ``paths`` and below them (a directory with ``config.yaml`` or
     ``metrics.jsonl``; hidden folders such as ``.hydra`` and a run's own sub-folders skipped).
+    Symbolic links to folders are followed, so a folder of links selects runs from several sweeps.
 
     Raises:
         CompareError: A path does not exist, or no run directory is found.
     """
     found: list[Path] = []
+    seen: set[str] = set()  # real paths walked: symlinked folders are followed, cycles are not
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise CompareError(f"no such file or directory: '{raw}'. Pass run directories or a multirun folder.")
         if path.is_file():
             path = path.parent
-        for here, dirs, files in os.walk(path):
+        for here, dirs, files in os.walk(path, followlinks=True):
+            real = os.path.realpath(here)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
             if "config.yaml" in files or "metrics.jsonl" in files:
                 found.append(Path(here).resolve())
                 dirs[:] = []

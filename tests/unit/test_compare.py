@@ -122,6 +122,17 @@ def test_find_runs_skips_hidden_and_run_subfolders(tmp_path):
     assert find_runs([d]) == [d.resolve()]
 
 
+def test_find_runs_follows_folder_links_without_looping(tmp_path):
+    a = make_run(tmp_path / "sweep_a", "0")
+    b = make_run(tmp_path / "sweep_b", "1")
+    pick = tmp_path / "pick"
+    pick.mkdir()
+    (pick / "a").symlink_to(a, target_is_directory=True)
+    (pick / "b").symlink_to(b.parent, target_is_directory=True)
+    (pick / "loop").symlink_to(pick, target_is_directory=True)  # a cycle is walked once
+    assert find_runs([pick]) == sorted([a.resolve(), b.resolve()])
+
+
 def test_no_runs_names_the_paths_searched(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CompareError, match="no run directories found under .*empty"):
