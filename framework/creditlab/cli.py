@@ -81,6 +81,12 @@ def compose(overrides: list[str]) -> Any:
     from creditlab.hydra_plugins import searchpath_override, split_searchpath
     from creditlab.train import CONF_DIR
 
+    if not (CONF_DIR / "train.yaml").is_file():
+        _error(
+            f"creditlab's config folder was not found (looked for {CONF_DIR}/train.yaml and "
+            "<prefix>/share/creditlab/conf). Install from a source checkout with `pip install -e .`, "
+            "or reinstall the package so its conf/ and sweeps/ data files are installed."
+        )
     _check_launcher_plugin(overrides)
     user, overrides = split_searchpath(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):

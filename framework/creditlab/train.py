@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import sysconfig
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,23 @@ from creditlab.policy import ModelConfig
 from creditlab.registry import REGISTRIES, ConfigError, build_config, build_part, closest
 from creditlab.rollout import RolloutConfig
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def find_conf_dir() -> Path:
+    """``conf/`` of the source checkout beside the package (editable installs), else the copy a
+    wheel installs under ``<prefix>/share/creditlab/conf`` (pyproject's data-files); the source
+    path when neither exists (the CLI then says so)."""
+    source = Path(__file__).resolve().parents[2] / "conf"
+    if source.is_dir():
+        return source
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, sysconfig.get_config_var("userbase") or "")):
+        installed = Path(prefix) / "share" / "creditlab" / "conf"
+        if prefix and installed.is_dir():
+            return installed
+    return source
+
+
+CONF_DIR = find_conf_dir()
 PART_KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "advantage")
 LIBRARY_SECTIONS = ("trainer", "logger", "optim", "hydra")
 
