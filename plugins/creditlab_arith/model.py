@@ -32,6 +32,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -64,6 +65,8 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "threads": 2,
     "localization": 0.25,
+    "localization_weight": 1.0,
+    "localization_answer": "boxed",
     "sft_problems": 24000,
 }
 
@@ -100,6 +103,9 @@ def checkpoint_dir(args: Mapping[str, Any] | None = None) -> Path:
     """Where the checkpoint for ``args`` lives (whether or not it exists yet)."""
     resolved = resolve_args(args)
     resolved.pop("threads")  # speed only (and float rounding): not part of the identity
+    for key in ("localization_weight", "localization_answer"):  # added later: their defaults
+        if resolved[key] == DEFAULTS[key]:  # keep existing caches valid
+            resolved.pop(key)
     blob = json.dumps({"recipe": RECIPE_VERSION, "args": resolved}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
     return cache_root() / "models" / f"arith_tiny-{digest}"
@@ -113,7 +119,11 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
             ``layers``, ``hidden_size``, ``heads``, ``intermediate_size``, ``steps`` (warm-start
             optimizer steps), ``batch_size``, ``lr``, ``warmup_steps``, ``weight_decay``,
             ``seed``, ``threads`` (torch CPU threads while training), ``localization`` (share of
-            localization examples), ``sft_problems`` (supervised problems, see the module doc).
+            localization examples), ``localization_weight`` (loss weight of a localization
+            example's answer tokens against a solution token's 1), ``localization_answer``
+            (``boxed``: `` \\boxed{k}`` alone; ``worked``: the steps re-done and checked up to
+            the first wrong one, see :func:`worked_localization`), ``sft_problems`` (supervised
+            problems, see the module doc).
 
     Returns:
         The checkpoint directory, as a string.
@@ -160,16 +170,18 @@ def sft_problems(task: ArithTask, n: int) -> list[Any]:
 
 
 def _examples(
-    task: ArithTask, tokenizer: Any, localization: float, seed: int, n_problems: int
-) -> list[tuple[list[int], int]]:
-    """(token ids, number of masked prompt tokens): one solution per supervised problem (see
-    :func:`sft_problems`), then ``localization`` x as many localization examples."""
+    task: ArithTask, tokenizer: Any, localization: float, seed: int, n_problems: int,
+    localization_weight: float = 1.0, localization_answer: str = "boxed",
+) -> list[tuple[list[int], int, float]]:
+    """(token ids, number of masked prompt tokens, loss weight of the target tokens): one solution
+    per supervised problem (see :func:`sft_problems`, weight 1), then ``localization`` x as many
+    localization examples (weight ``localization_weight``)."""
     from creditlab_resets.localize import compact_prompt
 
-    def example(prompt_text: str, target_text: str) -> tuple[list[int], int]:
+    def example(prompt_text: str, target_text: str, weight: float = 1.0) -> tuple[list[int], int, float]:
         prompt = tokenizer(prompt_text)["input_ids"]
         target = tokenizer(target_text, add_special_tokens=False)["input_ids"]
-        return prompt + target + [tokenizer.eos_token_id], len(prompt)
+        return prompt + target + [tokenizer.eos_token_id], len(prompt), weight
 
     problems = sft_problems(task, n_problems)
     out = [example(p.prompt, p.metadata["solution"]) for p in problems]
@@ -179,8 +191,34 @@ def _examples(
         k = rng.randrange(len(p.metadata["steps"]))
         thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand, task.config.numbered)
         assert p.oracle is not None and p.oracle(thoughts) == k, (p.prompt, thoughts, k)
-        out.append(example(compact_prompt(p.prompt, thoughts), f" \\boxed{{{k + 1}}}"))
+        answer = f" \\boxed{{{k + 1}}}"
+        if localization_answer == "worked":
+            answer = worked_localization(p, thoughts, task.config.delimiter)
+        out.append(example(compact_prompt(p.prompt, thoughts), answer, localization_weight))
     return out
+
+
+def worked_localization(problem: Any, thoughts: list[str], delimiter: str = "</thought>") -> str:
+    """A localization answer that re-does the steps [ours]: `` 7*12=84 ok 84+9=93 no \\boxed{2}``.
+
+    Each step of the problem is written out from the gold running value and compared with the
+    chain's thought (numbering, delimiter and ``\\boxed{}`` ignored); the first that differs is
+    marked ``no`` and boxed (1-based). A tiny model cannot check ``84+9=92`` in one forward pass,
+    but it can recompute ``84+9=93`` as it does when solving; the official code likewise lets the
+    policy reason (up to 4,096 tokens) before its ``\\boxed{N}``. Requires a wrong step among
+    the operations (the localization examples' corruptions are).
+    """
+    value, out = problem.metadata["start"], []
+    for i, (op, b, _) in enumerate(problem.metadata["steps"]):
+        result = apply_op(value, op, b)
+        gold = f"{value}{op}{b}={result}"
+        shown = thoughts[i].replace(delimiter, "").strip() if i < len(thoughts) else ""
+        shown = re.sub(r"^\d+:", "", shown).replace("\\boxed{", "").replace("}", "")
+        if shown != gold:
+            return " " + " ".join([*out, f"{gold} no \\boxed{{{i + 1}}}"])
+        out.append(f"{gold} ok")
+        value = result
+    raise ValueError(f"no wrong step among the operations of {thoughts!r}")
 
 
 def corrupted_thoughts(
@@ -212,14 +250,14 @@ def corrupted_thoughts(
 
 
 def _batch(
-    rows: list[tuple[list[int], int]], pad_id: int
+    rows: list[tuple[list[int], int, float]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on prompt and pad)."""
-    width = max(len(ids) for ids, _ in rows)
+    width = max(len(row[0]) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for r, (seq, n_prompt) in enumerate(rows):
+    for r, (seq, n_prompt, _) in enumerate(rows):
         ids[r, : len(seq)] = torch.tensor(seq)
         mask[r, : len(seq)] = 1
         labels[r, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
@@ -251,7 +289,8 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         torch.manual_seed(args["seed"])
         model = LlamaForCausalLM(config)
         data = _examples(
-            task, tokenizer, float(args["localization"]), int(args["seed"]), int(args["sft_problems"])
+            task, tokenizer, float(args["localization"]), int(args["seed"]), int(args["sft_problems"]),
+            float(args["localization_weight"]), str(args["localization_answer"]),
         )
         loss = _warm_start(model, data, tokenizer.pad_token_id, args)
     finally:
@@ -268,7 +307,7 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "parameters": n_params, **loss}
 
 
-def split_by_length(rows: list[tuple[list[int], int]]) -> list[list[tuple[list[int], int]]]:
+def split_by_length(rows: list[tuple[list[int], int, float]]) -> list[list[tuple[list[int], int, float]]]:
     """``rows`` as one or two groups of similar length, whichever pads less.
 
     The rows are sorted by length and cut where the padded area (rows x longest row, summed over
@@ -290,11 +329,12 @@ def split_by_length(rows: list[tuple[list[int], int]]) -> list[list[tuple[list[i
 
 
 def _warm_start(
-    model: torch.nn.Module, data: list[tuple[list[int], int]], pad_id: int, args: dict[str, Any]
+    model: torch.nn.Module, data: list[tuple[list[int], int, float]], pad_id: int, args: dict[str, Any]
 ) -> dict[str, float]:
     """Supervised warm start: AdamW, linear warmup then cosine decay, epoch-wise shuffling.
 
-    The loss of a batch is the mean over its target tokens. A batch is run as one or two passes
+    The loss of a batch is the weighted mean over its target tokens (each row's weight on each of
+    its target tokens; all 1 unless ``localization_weight`` is set). A batch is run as one or two passes
     of rows of similar length (:func:`split_by_length`) whose summed token losses are divided by
     the batch's number of target tokens: the same loss and gradient as one padded pass, with
     less padding.
@@ -321,15 +361,19 @@ def _warm_start(
             order += torch.randperm(len(data), generator=gen).tolist()
         idx, order = order[:bs], order[bs:]
         rows = [data[i] for i in idx]
-        n_target = sum(len(ids) - n_prompt for ids, n_prompt in rows)
+        n_target = sum(w * (len(ids) - n_prompt) for ids, n_prompt, w in rows)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for part in split_by_length(rows):
             ids, mask, labels = _batch(part, pad_id)
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), reduction="sum"
-            )
+            flat = logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+            if all(w == 1.0 for *_, w in part):  # the unweighted sum, as before weights existed
+                loss = torch.nn.functional.cross_entropy(*flat, reduction="sum")
+            else:
+                per_token = torch.nn.functional.cross_entropy(*flat, reduction="none")
+                weights = torch.tensor([w for *_, w in part]).repeat_interleave(labels.shape[1] - 1)
+                loss = (per_token * weights).sum()
             (loss / n_target).backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

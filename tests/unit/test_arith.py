@@ -273,7 +273,11 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
     tok = build_char_tokenizer()
     data = _examples(task, tok, 0.5, seed=0, n_problems=300)
     assert len(data) == 300 + 150
-    ids, n_prompt = data[-1]
+    ids, n_prompt, weight = data[-1]
+    assert {w for *_, w in data} == {1.0}  # unweighted by default
+    weighted = _examples(task, tok, 0.5, seed=0, n_problems=300, localization_weight=20.0)
+    assert [w for *_, w in weighted] == [1.0] * 300 + [20.0] * 150  # solutions, then localization
+    assert [r[:2] for r in weighted] == [r[:2] for r in data]
     prompt, answer = tok.decode(ids[:n_prompt]), tok.decode(ids[n_prompt:], skip_special_tokens=True)
     assert prompt.startswith("<s>Check: Start ") and prompt.endswith("First wrong step:")
     n = prompt.count("\nStep ")
@@ -288,7 +292,7 @@ def test_warm_start_split_passes_equal_one_padded_pass() -> None:
 
     from creditlab_arith import model as recipe
 
-    rows = [([1, 5, 6, 7, 8, 2], 2), ([1, 5, 6, 2], 3)] * 3 + [([1] + list(range(5, 25)) + [2], 15)] * 2
+    rows = [([1, 5, 6, 7, 8, 2], 2, 1.0), ([1, 5, 6, 2], 3, 1.0)] * 3 + [([1] + list(range(5, 25)) + [2], 15, 1.0)] * 2
     parts = recipe.split_by_length(rows)
     assert [len(p) for p in parts] == [6, 2]  # short rows, then the long ones
     assert recipe.split_by_length(rows[:6]) == [sorted(rows[:6], key=lambda r: len(r[0]))]
@@ -300,7 +304,7 @@ def test_warm_start_split_passes_equal_one_padded_pass() -> None:
     model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
     want = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    n_target = sum(len(r) - n for r, n in rows)
+    n_target = sum(len(r) - n for r, n, _ in rows)
     for part in parts:
         ids, mask, labels = recipe._batch(part, 0)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
@@ -309,3 +313,28 @@ def test_warm_start_split_passes_equal_one_padded_pass() -> None:
         (loss / n_target).backward()
     for a, p in zip(want, model.parameters()):
         torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
+
+
+def test_worked_localization_redoes_steps_up_to_the_corrupted_one() -> None:
+    """The ``worked`` localization answer re-does each step from the gold running value, marks the
+    corrupted one ``no`` and boxes it: the SRPO parser reads k + 1 whatever the corruption."""
+    import random
+
+    from creditlab_arith.model import _examples, corrupted_thoughts, worked_localization
+    from creditlab_resets.localize import parse_localization
+
+    task = small_task()
+    rng = random.Random(1)
+    for p in task.load("train")[:200]:
+        n = len(p.metadata["steps"])
+        for k in range(n):
+            thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand)
+            answer = worked_localization(p, thoughts)
+            assert parse_localization(answer, n) == (k + 1, "boxed")
+            assert answer.count(" ok") == k and answer.count(" no ") == 1
+    p = task.load("train")[0]
+    assert worked_localization(p, ["1:" + t for t in corrupted_thoughts(p, 0, rng, 12)]).endswith("\\boxed{1}")
+    tok = build_char_tokenizer()
+    data = _examples(task, tok, 0.5, seed=0, n_problems=40, localization_answer="worked")
+    ids, n_prompt, _ = data[-1]
+    assert " ok" in tok.decode(ids[n_prompt:]) or " no " in tok.decode(ids[n_prompt:])
