@@ -1,0 +1,71 @@
+"""How well a warm-started arith model localizes the first wrong step (SRPO's self-localization).
+
+    python sweeps/localization_skill.py ~/.cache/creditlab/models/arith_tiny-<hash>
+
+Asks the model, greedily and with the ``compact`` localization prompt, for the first wrong step of
+(1) synthetic corruptions of held-out problems (the warm start's own training distribution: one
+step made wrong, later steps consistent) and (2) its own failed chains (sampled at temperature 1,
+judged by the task's step oracle). Prints the exact-hit rate of each next to uniform random
+(the mean of 1/n over the chains: what RRPO's random reset scores). Results: docs/methods/srpo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from creditlab_arith.model import corrupted_thoughts
+from creditlab_arith.task import ArithTask, split_thoughts
+from creditlab_resets.localize import compact_prompt, parse_localization
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a warm-started arith_tiny checkpoint directory")
+    p.add_argument("--problems", type=int, default=300, help="held-out problems (default 300)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    task = ArithTask(ArithTask.Config())
+    problems = task.load("test")[: args.problems]
+    rng = random.Random(0)
+
+    def generate(prompts: list[str], max_new: int, temperature: float = 0.0) -> list[str]:
+        out = []
+        for i in range(0, len(prompts), 64):
+            enc = tok(prompts[i : i + 64], return_tensors="pt", padding=True, padding_side="left")
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=max_new, do_sample=temperature > 0,
+                                     temperature=temperature or None, pad_token_id=tok.pad_token_id)
+            out += tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        return out
+
+    def report(name: str, chains: list[tuple[object, int, list[str]]]) -> None:
+        answers = generate([compact_prompt(pr.prompt, th) for pr, _, th in chains], args.max_new_tokens)
+        hits = [parse_localization(a, len(th))[0] - 1 == k for (_, k, th), a in zip(chains, answers)]
+        uniform = sum(1 / len(th) for _, _, th in chains) / len(chains)
+        print(f"{name:28s} exact {sum(hits) / len(hits):.3f}   uniform random {uniform:.3f}   chains {len(chains)}")
+
+    synthetic = []
+    for pr in problems:
+        k = rng.randrange(len(pr.metadata["steps"]))
+        synthetic.append((pr, k, corrupted_thoughts(pr, k, rng, task.config.max_operand, task.config.numbered)))
+    report("synthetic corruptions", synthetic)
+
+    own = []
+    for pr, text in zip(problems * 2, generate([pr.prompt for pr in problems] * 2, 64, temperature=1.0)):
+        thoughts = split_thoughts(text, task.config.delimiter)
+        k = pr.oracle(thoughts) if thoughts else None
+        if k is not None:
+            own.append((pr, k, thoughts))
+    report("own failures (T = 1)", own)
+
+
+if __name__ == "__main__":
+    main()
