@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from creditlab.fused import dynamic_rope, shared_prompt_logits
+from creditlab.fused import dynamic_rope
 from creditlab.fused import supported as fused_supported
+from creditlab.fused_train import shared_prompt_logits
 
 try:  # transformers >= 4.56: per-layer cache objects
     from transformers.cache_utils import DynamicLayer
@@ -151,7 +152,7 @@ def response_logits(
         prompt_len: P.
         share_prompts: Run each distinct prompt once (``False``: always the plain forward).
         fused: For a model that :func:`creditlab.fused.supported` accepts, run the shared-prompt
-            path with :func:`creditlab.fused.shared_prompt_logits` (the same computation from the
+            path with :func:`creditlab.fused_train.shared_prompt_logits` (the same computation from the
             model's parameters, with hand-written RMSNorm and rotary backward passes; equal up to
             float rounding) instead of the model's modules.
     """
