@@ -351,13 +351,10 @@ class VLLMBackend(GenerationBackend):
             logprobs_mode="processed_logprobs",
             trust_remote_code=False,
         )
-        chunked = cfg.chunked_prefill
-        if chunked is None:
-            from vllm.platforms import current_platform
-
-            chunked = None if not current_platform.is_cpu() else False
-        if chunked is not None:
-            kwargs["enable_chunked_prefill"] = chunked
+        if cfg.chunked_prefill is not None:
+            kwargs["enable_chunked_prefill"] = cfg.chunked_prefill
+        elif vllm.platforms.current_platform.is_cpu():
+            kwargs["enable_chunked_prefill"] = False  # see Config.chunked_prefill
         kwargs.update(cfg.engine_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self._stats["engine_start_s"] += time.perf_counter() - start
