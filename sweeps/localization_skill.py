@@ -17,7 +17,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from creditlab_arith.model import corrupted_thoughts
+from creditlab_arith.localization import corrupted_thoughts
 from creditlab_arith.task import ArithTask, split_thoughts
 from creditlab_resets.localize import compact_prompt, parse_localization
 

@@ -16,12 +16,13 @@ not carry over.)
 
 Training texts: ``<s> + prompt`` (masked) followed by ``solution + </s>`` (trained), the same
 token ids as the tokenizer produces for ``tokenizer(prompt)`` and
-``tokenizer(solution, add_special_tokens=False)``. So that SRPO's self-localization is learnable,
+``tokenizer(solution, add_special_tokens=False)``. For SRPO's self-localization,
 ``localization`` x (number of supervised problems) further examples teach the ``compact``
 localization prompt (:func:`creditlab_resets.localize.compact_prompt`): a supervised problem's chain
-with one step made wrong (a wrong result, or a wrong operand computed correctly) and every later
-step computed consistently from it, answered `` \\boxed{k}`` with k the corrupted step (checked
-against the task's step oracle).
+with one step made wrong, answered in the ``localization_answer`` style with that step (checked
+against the task's step oracle); see :mod:`creditlab_arith.localization`. The default ``boxed``
+answers teach the format but not the skill (the model localizes at chance); ``resolve`` answers,
+used by the ``tiny_localize`` model preset, teach it (docs/methods/srpo.md).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from creditlab_arith.task import ArithTask, apply_op
+from creditlab_arith.localization import ANSWERS, localization_example
+from creditlab_arith.task import ArithTask
 from creditlab_arith.tokenizer import build_char_tokenizer
 
 #: Bump when the recipe changes in a way that changes the produced weights.
@@ -96,6 +97,10 @@ def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     if bad:
         raise ValueError(f"unknown task option(s) {bad} for arith_tiny; valid: {sorted(fields)}")
     out["task"] = dataclasses.asdict(ArithTask.Config(**task))
+    if out["localization_answer"] not in ANSWERS:
+        raise ValueError(
+            f"arith_tiny: localization_answer must be one of {list(ANSWERS)}, got {out['localization_answer']!r}"
+        )
     return out
 
 
@@ -122,7 +127,8 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
             localization examples), ``localization_weight`` (loss weight of a localization
             example's answer tokens against a solution token's 1), ``localization_answer``
             (``boxed``: `` \\boxed{k}`` alone; ``worked``: the steps re-done and checked up to
-            the first wrong one, see :func:`worked_localization`), ``sft_problems`` (supervised
+            the first wrong one; ``resolve``: the problem re-solved, every step checked; see
+            :mod:`creditlab_arith.localization`), ``sft_problems`` (supervised
             problems, see the module doc).
 
     Returns:
@@ -186,66 +192,11 @@ def _examples(
     problems = sft_problems(task, n_problems)
     out = [example(p.prompt, p.metadata["solution"]) for p in problems]
     rng = random.Random(f"arith-localization-{seed}")
+    c = task.config
     for i in range(int(round(localization * len(problems)))):
         p = problems[i % len(problems)]
-        k = rng.randrange(len(p.metadata["steps"]))
-        thoughts = corrupted_thoughts(p, k, rng, task.config.max_operand, task.config.numbered)
-        assert p.oracle is not None and p.oracle(thoughts) == k, (p.prompt, thoughts, k)
-        answer = f" \\boxed{{{k + 1}}}"
-        if localization_answer == "worked":
-            answer = worked_localization(p, thoughts, task.config.delimiter)
+        thoughts, answer = localization_example(p, rng, localization_answer, c.max_operand, c.numbered, c.delimiter)
         out.append(example(compact_prompt(p.prompt, thoughts), answer, localization_weight))
-    return out
-
-
-def worked_localization(problem: Any, thoughts: list[str], delimiter: str = "</thought>") -> str:
-    """A localization answer that re-does the steps [ours]: `` 7*12=84 ok 84+9=93 no \\boxed{2}``.
-
-    Each step of the problem is written out from the gold running value and compared with the
-    chain's thought (numbering, delimiter and ``\\boxed{}`` ignored); the first that differs is
-    marked ``no`` and boxed (1-based). A tiny model cannot check ``84+9=92`` in one forward pass,
-    but it can recompute ``84+9=93`` as it does when solving; the official code likewise lets the
-    policy reason (up to 4,096 tokens) before its ``\\boxed{N}``. Requires a wrong step among
-    the operations (the localization examples' corruptions are).
-    """
-    value, out = problem.metadata["start"], []
-    for i, (op, b, _) in enumerate(problem.metadata["steps"]):
-        result = apply_op(value, op, b)
-        gold = f"{value}{op}{b}={result}"
-        shown = thoughts[i].replace(delimiter, "").strip() if i < len(thoughts) else ""
-        shown = re.sub(r"^\d+:", "", shown).replace("\\boxed{", "").replace("}", "")
-        if shown != gold:
-            return " " + " ".join([*out, f"{gold} no \\boxed{{{i + 1}}}"])
-        out.append(f"{gold} ok")
-        value = result
-    raise ValueError(f"no wrong step among the operations of {thoughts!r}")
-
-
-def corrupted_thoughts(
-    problem: Any, k: int, rng: random.Random, max_operand: int, numbered: bool = False
-) -> list[str]:
-    """``problem``'s gold chain with step ``k`` (0-based) made wrong and later steps following it.
-
-    Step k either states a wrong result or uses a wrong operand (computed correctly); each later
-    step applies its gold operation to the (now wrong) running value, the last one boxed.
-    """
-    value, out = problem.metadata["start"], []
-    steps = problem.metadata["steps"]
-    for i, (op, b, _) in enumerate(steps):
-        result = apply_op(value, op, b)
-        if i == k:
-            if rng.random() < 0.5:
-                result += rng.choice([d for d in range(-5, 6) if d])
-            else:
-                choices = [x for x in range(1, max_operand + 1) if apply_op(value, op, x) != result]
-                if choices:
-                    b = rng.choice(choices)
-                    result = apply_op(value, op, b)
-                else:
-                    result += 1
-        shown = f"\\boxed{{{result}}}" if i == len(steps) - 1 else str(result)
-        out.append(f"{i + 1}:" * numbered + f"{value}{op}{b}={shown}")
-        value = result
     return out
 
 

@@ -258,7 +258,8 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
     answer is wrong, and the answer text is what the SRPO parser reads as k + 1."""
     import random
 
-    from creditlab_arith.model import _examples, corrupted_thoughts, worked_localization
+    from creditlab_arith.localization import corrupted_thoughts, worked_localization
+    from creditlab_arith.model import _examples
     from creditlab_arith.task import last_boxed
     from creditlab_resets.localize import parse_localization
 
@@ -322,7 +323,8 @@ def test_worked_localization_ignores_numbering_and_builds_examples() -> None:
     """``worked`` answers ignore a thought's ``i:`` numbering; the recipe builds them on request."""
     import random
 
-    from creditlab_arith.model import _examples, corrupted_thoughts, worked_localization
+    from creditlab_arith.localization import corrupted_thoughts, worked_localization
+    from creditlab_arith.model import _examples
 
     task = small_task()
     rng = random.Random(1)
@@ -332,3 +334,55 @@ def test_worked_localization_ignores_numbering_and_builds_examples() -> None:
     data = _examples(task, tok, 0.5, seed=0, n_problems=40, localization_answer="worked")
     ids, n_prompt, _ = data[-1]
     assert " ok" in tok.decode(ids[n_prompt:]) or " no " in tok.decode(ids[n_prompt:])
+
+
+def test_resolve_localization_by_hand() -> None:
+    """``resolve`` answers re-solve every step from the problem and compare results only (a wrong
+    operand with the right result is ``ok``); the first ``no`` is boxed."""
+    from creditlab_arith.localization import resolved_localization
+    from creditlab_resets.localize import parse_localization
+
+    p = ArithTask().make_problem("x", 7, [("*", 12, 84), ("+", 9, 93), ("-", 10, 83), ("*", 2, 166)])
+    chain = ["7*12=84</thought>", "84+9=89</thought>", "89-10=79", "79*2=\\boxed{158}"]
+    want = " 7*12=84 ok 84+9=93 no 93-10=83 no 83*2=166 no \\boxed{2}"
+    assert resolved_localization(p, chain) == want
+    assert parse_localization(want, 4) == (2, "boxed")
+    numbered = ["1:7*12=84", "2:84+9=93", "3:93-10=83", "4:83*2=\\boxed{160}"]
+    assert resolved_localization(p, numbered).endswith("83*2=166 no \\boxed{4}")
+    # same result through a wrong operand counts as ok; a missing or malformed thought is no
+    assert resolved_localization(p, ["7*12=84", "84+9=93", "90-7=83", "junk"]).endswith("ok 83*2=166 no \\boxed{4}")
+    assert resolved_localization(p, ["7*12=84"]) == " 7*12=84 ok 84+9=93 no 93-10=83 no 83*2=166 no \\boxed{2}"
+    assert resolved_localization(p, ["7*12=84", "84+9=93", "93-10=83", "83*2=\\boxed{166}"]).endswith("\\boxed{4}")
+
+
+def test_resolve_examples_blame_step_k() -> None:
+    """The ``resolve`` chains (consistent wrong results, or scattered ones) have their first wrong
+    thought at k, and their answers box k + 1 with one verdict per step."""
+    import random
+
+    from creditlab_arith.localization import corrupted_thoughts, localization_example, scattered_thoughts
+    from creditlab_resets.localize import parse_localization
+
+    task = small_task()
+    rng = random.Random(0)
+    kinds = set()
+    for p in task.load("train")[:60]:
+        steps, n = p.metadata["steps"], len(p.metadata["steps"])
+        for k in range(n):
+            for thoughts in (scattered_thoughts(p, k, rng), corrupted_thoughts(p, k, rng, 12, operand_errors=False)):
+                assert p.oracle(thoughts) == k
+                assert thoughts[:k] == p.metadata["thoughts"][:k]
+                value = p.metadata["values"][k]
+                assert thoughts[k].startswith(f"{value}{steps[k][0]}{steps[k][1]}=")  # only the result is wrong
+        thoughts, answer = localization_example(p, rng, "resolve", 12)
+        k = p.oracle(thoughts)
+        kinds.add(all(t.startswith(f"{v}") for t, v in zip(thoughts, p.metadata["values"])))
+        assert parse_localization(answer, n) == (k + 1, "boxed")
+        assert answer.count(" ok") + answer.count(" no") == n and answer.count(" ok") >= k
+    assert kinds == {True, False}  # both chain kinds occur
+    with pytest.raises(ValueError, match=r"localization_answer must be one of \['boxed', 'worked', 'resolve'\]"):
+        localization_example(p, rng, "verdicts", 12)
+    from creditlab_arith.model import resolve_args
+
+    with pytest.raises(ValueError, match="localization_answer must be one of"):
+        resolve_args({"localization_answer": "Resolve"})
