@@ -26,7 +26,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a warm-started arith_tiny checkpoint directory")
     p.add_argument("--problems", type=int, default=300, help="held-out problems (default 300)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--samples", type=int, default=2, help="own chains sampled per problem (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="localization answer budget")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -59,7 +60,8 @@ def main() -> None:
     report("synthetic corruptions", synthetic)
 
     own = []
-    for pr, text in zip(problems * 2, generate([pr.prompt for pr in problems] * 2, 64, temperature=1.0)):
+    sampled = generate([pr.prompt for pr in problems] * args.samples, 64, temperature=1.0)
+    for pr, text in zip(problems * args.samples, sampled):
         thoughts = split_thoughts(text, task.config.delimiter)
         k = pr.oracle(thoughts) if thoughts else None
         if k is not None:

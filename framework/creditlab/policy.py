@@ -84,6 +84,8 @@ class ModelConfig:
         localization_template: The self-localization prompt this model follows (SRPO's
             ``reset_selector.template``): ``paper`` for instruction-following models, ``compact``
             for the tiny arith model, which is warm-started on it.
+        localization_max_new_tokens: How many tokens this model's localization answers need: the
+            default of ``reset_selector.max_new_tokens`` for ``self_localize``.
     """
 
     name_or_path: str | None = None
@@ -92,6 +94,7 @@ class ModelConfig:
     dtype: str = "float32"
     trust_remote_code: bool = False
     localization_template: str = "paper"
+    localization_max_new_tokens: int = 64
     lora: Any = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ Answers (``model.recipe_args.localization_answer``):
 * ``worked`` — :func:`worked_localization`: each step re-done and marked ``ok`` up to the first
   that differs, marked ``no`` and boxed.
 * ``resolve`` — :func:`resolved_localization`: the whole problem re-solved from its statement,
-  each step's result followed by ``ok``/``no`` against the chain's result, then the first ``no``
+  each step's result followed by the chain's result and ``ok``/``no``, then the first ``no``
   boxed. The one of the three the 4-layer model learns (docs/methods/srpo.md): in ``worked``
   answers it copied the shown results instead of computing them.
 """
@@ -109,19 +109,25 @@ def worked_localization(problem: Any, thoughts: list[str], delimiter: str = "</t
 
 
 def resolved_localization(problem: Any, thoughts: list[str], delimiter: str = "</thought>") -> str:
-    """`` 7*12=84 ok 84+9=93 no 93-10=83 no \\boxed{2}``: every step re-solved from the gold
-    running value and the problem's operation, marked ``ok`` if the chain's thought at that
-    position states the same result, else ``no``; the first ``no`` is boxed (1-based; the last
-    step if none, which the warm start's chains never need).
+    """`` 1) 7*12=84 84 ok 2) 84+9=93 89 no 3) 93-10=83 79 no \\boxed{2}``: every step re-solved
+    from the gold running value and the problem's operation, then the result the chain's thought
+    ``i`` states (``?`` if it states none), then ``ok`` if the two agree, else ``no``; the first
+    ``no`` is boxed (1-based; the last step if none, which the warm start's chains never need).
+
+    Each part is there because the model failed without it (docs/methods/srpo.md): re-solving
+    before the shown result is written keeps the model from copying it; the label ``i)`` and the
+    copied result turn the verdict into a comparison of two adjacent numbers (without them the
+    verdicts checked neighbouring lines).
     """
     value, out, first = problem.metadata["start"], [], None
     steps = problem.metadata["steps"]
     for i, (op, b, _) in enumerate(steps):
         result = apply_op(value, op, b)
         m = _STEP_RE.match(_shown(thoughts[i], delimiter)) if i < len(thoughts) else None
-        same = m is not None and m.group(4) == str(result)
+        shown = m.group(4) if m is not None else "?"
+        same = shown == str(result)
         first = first if first is not None or same else i + 1
-        out.append(f"{value}{op}{b}={result} {'ok' if same else 'no'}")
+        out.append(f"{i + 1}) {value}{op}{b}={result} {shown} {'ok' if same else 'no'}")
         value = result
     return " " + " ".join(out) + f" \\boxed{{{first or len(steps)}}}"
 

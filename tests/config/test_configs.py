@@ -111,3 +111,13 @@ def test_sweeps_compose_and_every_job_validates(sweep):
         assert cfg.logger.wandb.group == sweep, f"sweeps/{sweep}.yaml: set logger.wandb.group: {sweep}"
         assert sweep in cfg.tags, f"sweeps/{sweep}.yaml: add '{sweep}' to tags"
     assert len(set(subdirs)) == len(subdirs), f"jobs of {sweep} share output folders: {subdirs}"
+
+
+def test_localization_budget_follows_the_model():
+    """``self_localize`` gets the model's localization budget unless the command line sets one."""
+    budget = lambda *o: validate(compose(["method=srpo", *o]))["reset_selector"][1].max_new_tokens  # noqa: E731
+    assert budget() == 64
+    assert budget("model=tiny_localize") == 160
+    assert budget("model=tiny_localize", "reset_selector.max_new_tokens=32") == 32
+    cfg = compose(["model=tiny_localize"])
+    assert dict(cfg.model.recipe_args) == {"localization": 0.5, "localization_answer": "resolve", "steps": 2000}

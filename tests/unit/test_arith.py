@@ -344,14 +344,14 @@ def test_resolve_localization_by_hand() -> None:
 
     p = ArithTask().make_problem("x", 7, [("*", 12, 84), ("+", 9, 93), ("-", 10, 83), ("*", 2, 166)])
     chain = ["7*12=84</thought>", "84+9=89</thought>", "89-10=79", "79*2=\\boxed{158}"]
-    want = " 7*12=84 ok 84+9=93 no 93-10=83 no 83*2=166 no \\boxed{2}"
+    want = " 1) 7*12=84 84 ok 2) 84+9=93 89 no 3) 93-10=83 79 no 4) 83*2=166 158 no \\boxed{2}"
     assert resolved_localization(p, chain) == want
     assert parse_localization(want, 4) == (2, "boxed")
     numbered = ["1:7*12=84", "2:84+9=93", "3:93-10=83", "4:83*2=\\boxed{160}"]
-    assert resolved_localization(p, numbered).endswith("83*2=166 no \\boxed{4}")
+    assert resolved_localization(p, numbered).endswith("4) 83*2=166 160 no \\boxed{4}")
     # same result through a wrong operand counts as ok; a missing or malformed thought is no
-    assert resolved_localization(p, ["7*12=84", "84+9=93", "90-7=83", "junk"]).endswith("ok 83*2=166 no \\boxed{4}")
-    assert resolved_localization(p, ["7*12=84"]) == " 7*12=84 ok 84+9=93 no 93-10=83 no 83*2=166 no \\boxed{2}"
+    assert resolved_localization(p, ["7*12=84", "84+9=93", "90-7=83", "junk"]).endswith("83 ok 4) 83*2=166 ? no \\boxed{4}")
+    assert resolved_localization(p, ["7*12=84"]) == " 1) 7*12=84 84 ok 2) 84+9=93 ? no 3) 93-10=83 ? no 4) 83*2=166 ? no \\boxed{2}"
     assert resolved_localization(p, ["7*12=84", "84+9=93", "93-10=83", "83*2=\\boxed{166}"]).endswith("\\boxed{4}")
 
 
