@@ -25,21 +25,20 @@ Answers (``model.recipe_args.localization_answer``):
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
-from creditlab_arith.task import apply_op
+from creditlab_arith.task import apply_op, parse_step
 
 #: Localization answer styles (``localization_answer``).
 ANSWERS = ("boxed", "worked", "resolve")
 _DELTAS = [d for d in range(-5, 6) if d]
-_STEP_RE = re.compile(r"^(-?\d+)([+\-*])(-?\d+)=(-?\d+)$")
 
 
-def _shown(thought: str, delimiter: str) -> str:
-    """A thought as bare ``lhs op b = result`` text: delimiter, ``k:`` label and ``\\boxed{}`` removed."""
-    text = thought.replace(delimiter, "").strip()
-    return re.sub(r"^\d+:", "", text).replace("\\boxed{", "").replace("}", "")
+def _shown(thoughts: list[str], i: int, delimiter: str) -> tuple[int, str, int, int] | None:
+    """Thought ``i`` as ``(lhs, op, operand, result)`` (label and ``\\boxed{}`` ignored), or None
+    if it is missing or not a step."""
+    step = parse_step(thoughts[i].replace(delimiter, "").strip()) if i < len(thoughts) else None
+    return step[1:] if step is not None else None
 
 
 def _thought(i: int, n: int, value: int, op: str, b: int, result: int, numbered: bool) -> str:
@@ -100,8 +99,7 @@ def worked_localization(problem: Any, thoughts: list[str], delimiter: str = "</t
     for i, (op, b, _) in enumerate(problem.metadata["steps"]):
         result = apply_op(value, op, b)
         gold = f"{value}{op}{b}={result}"
-        shown = _shown(thoughts[i], delimiter) if i < len(thoughts) else ""
-        if shown != gold:
+        if _shown(thoughts, i, delimiter) != (value, op, b, result):
             return " " + " ".join([*out, f"{gold} no \\boxed{{{i + 1}}}"])
         out.append(f"{gold} ok")
         value = result
@@ -123,9 +121,9 @@ def resolved_localization(problem: Any, thoughts: list[str], delimiter: str = "<
     steps = problem.metadata["steps"]
     for i, (op, b, _) in enumerate(steps):
         result = apply_op(value, op, b)
-        m = _STEP_RE.match(_shown(thoughts[i], delimiter)) if i < len(thoughts) else None
-        shown = m.group(4) if m is not None else "?"
-        same = shown == str(result)
+        step = _shown(thoughts, i, delimiter)
+        shown = str(step[3]) if step is not None else "?"
+        same = step is not None and step[3] == result
         first = first if first is not None or same else i + 1
         out.append(f"{i + 1}) {value}{op}{b}={result} {shown} {'ok' if same else 'no'}")
         value = result

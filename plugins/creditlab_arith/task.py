@@ -88,6 +88,17 @@ def _clean(thought: str, delimiter: str) -> str:
     return thought
 
 
+def parse_step(thought: str) -> tuple[int | None, int, str, int, int] | None:
+    """``(label, lhs, op, operand, result)`` of a thought ``"[<k>:]<lhs><op><operand>=<result>"``
+    (result plain or boxed; ``label`` None when unlabelled), or ``None`` if it is not one."""
+    m = _STEP_RE.match(thought)
+    if m is None:
+        return None
+    got = m.group(5) if m.group(5) is not None else m.group(6)
+    label = int(m.group(1)) if m.group(1) is not None else None
+    return label, int(m.group(2)), m.group(3), int(m.group(4)), int(got)
+
+
 def step_is_correct(
     thought: str, lhs: int, op: str, operand: int, result: int, label: int | None = None
 ) -> bool:
@@ -96,13 +107,10 @@ def step_is_correct(
     A leading step label ``"<k>:"`` is optional; when present it must equal ``label`` (a
     thought labelled with no ``label`` expected is malformed).
     """
-    m = _STEP_RE.match(thought)
-    if m is None:
+    step = parse_step(thought)
+    if step is None or (step[0] is not None and step[0] != label):
         return False
-    if m.group(1) is not None and (label is None or int(m.group(1)) != label):
-        return False
-    got = m.group(5) if m.group(5) is not None else m.group(6)
-    return (int(m.group(2)), m.group(3), int(m.group(4)), int(got)) == (lhs, op, operand, result)
+    return step[1:] == (lhs, op, operand, result)
 
 
 def first_wrong_thought(
