@@ -1,7 +1,7 @@
 """Per-step cost of each advantage estimator against GRPO, on the same rollout batch.
 
 Each round samples one rollout batch of the embedded task (arith + the tiny warm-started model,
-``--prompts`` x ``--group`` completions, CPU) with the plain GRPO planner; then every method's
+``--prompts`` x ``--group`` completions, CPU) with GRPO's plain rollouts; then every method's
 segmenter + estimator + one policy update run on that very batch, from the same weights (restored
 before each method). So the methods differ only in the work their credit assignment adds.
 Methods take turns within a round, in an order rotated every round, so load changes hit all alike.
@@ -36,28 +36,31 @@ DEFAULT_METHODS = "grpo,dr_grpo,ibpo,rredcot,oar_g,oar_p"
 
 def checked_for(method: str, extra: list[str]) -> dict[str, Any]:
     """Validated config sections of ``method=<method>`` plus ``extra`` overrides."""
-    from creditlab.cli import compose
-    from creditlab.train import validate
+    from creditlab.compose import compose
+    from creditlab.config import validate
 
     return validate(compose([f"method={method}", "logger=none", *extra]))
 
 
 class Bench:
-    """The model, a GRPO planner and, per method, its segmenter, estimator and loss settings."""
+    """The model, GRPO's rollouts (the plain strategy and the run's sampler) and, per method, its
+    segmenter, estimator and loss settings."""
 
     def __init__(self, methods: list[str], extra: list[str]) -> None:
-        from creditlab.policy import ModelPolicyHandle, load_policy
-        from creditlab.rollout import RolloutPlanner
-        from creditlab.train import build_parts
+        from creditlab.config import build_parts
+        from creditlab.models import load_policy
+        from creditlab.policy import ModelPolicyHandle
+        from creditlab.rollout import RolloutSampler
 
         base = checked_for("grpo", extra)
         self.model, self.tokenizer, _ = load_policy(base["model"])
         parts = build_parts(base, self.model, self.tokenizer)
         self.task, self.rollout_cfg = parts["task"], base["rollout"]
-        self.planner = RolloutPlanner(base["rollout"], parts["backend"], parts["verifier"], parts["reset_selector"])
+        self.strategy = parts["rollout"]
+        self.sampler = RolloutSampler(base["rollout"], parts["backend"], parts["verifier"])
         self.handle = lambda seed: ModelPolicyHandle(
             self.model, self.tokenizer, parts["backend"], torch.Generator().manual_seed(seed),
-            self.rollout_cfg.temperature, 0, rollout_fn=self.planner.sample_and_score,
+            self.rollout_cfg.temperature, 0, rollout_fn=self.sampler,
         )
         self.methods: dict[str, dict[str, Any]] = {}
         for m in methods:
@@ -74,7 +77,7 @@ class Bench:
         rng = torch.Generator().manual_seed(seed)
         idx = torch.randperm(len(self.problems), generator=rng)[:prompts].tolist()
         t0 = time.perf_counter()
-        trajs = self.planner.collect([self.problems[i] for i in idx], self.handle(seed), seed)
+        trajs = self.strategy.collect([self.problems[i] for i in idx], self.handle(seed), self.sampler, seed)
         gen = time.perf_counter() - t0
         return collate(trajs, self.tokenizer.pad_token_id, self.rollout_cfg.truncation), gen
 

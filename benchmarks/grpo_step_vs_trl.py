@@ -21,8 +21,8 @@ N tokens.
 What is timed (per optimizer step, after ``--warmup`` discarded steps):
 
 * creditlab: a real ``lightning.Trainer.fit`` of ``CreditAssignmentModule`` built from its parts
-  (HFBackend, a digit-fraction Verifier, WholeSegmenter, NoResetSelector, GRPOAdvantage,
-  RolloutPlanner). ``step`` = ``on_train_batch_start`` -> ``on_train_batch_end``, i.e. the whole
+  (HFBackend, a digit-fraction Verifier, WholeSegmenter, GRPOAdvantage, the plain rollout
+  strategy). ``step`` = ``on_train_batch_start`` -> ``on_train_batch_end``, i.e. the whole
   ``training_step``: prompt encoding, generation, scoring, collate, segmentation, advantages,
   forward/backward, grad clipping, AdamW step, metric computation.
 * TRL: ``GRPOTrainer.train``. ``step`` = ``on_step_begin`` -> ``on_step_end``, which contains
@@ -68,7 +68,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find bench_common
 from bench_common import (  # noqa: E402
-    SIDES, Baton, PythonProfiler, Recorder, TorchProfiler, describe_optimizer, fmt, side_stats, versions,
+    SIDES,
+    Baton,
+    PythonProfiler,
+    Recorder,
+    TorchProfiler,
+    describe_optimizer,
+    fmt,
+    side_stats,
+    versions,
 )
 
 
@@ -130,19 +138,19 @@ def digit_fraction(text: str) -> float:
 def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import Callback
-    from torch.utils.data import DataLoader
-
     from creditlab.backends.hf import HFBackend
     from creditlab.evaluation import EvalConfig
     from creditlab.interfaces import Verifier
     from creditlab.losses import LossConfig
+    from creditlab.models import ModelConfig, load_policy
     from creditlab.module import CreditAssignmentModule, Parts
-    from creditlab.policy import ModelConfig, load_policy
-    from creditlab.rollout import NoResetSelector, RolloutConfig, RolloutPlanner
+    from creditlab.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
+    from creditlab.types import RolloutConfig
     from creditlab.segmenters import WholeSegmenter
     from creditlab.types import Problem, Rewards
     from creditlab_grpo.advantage import GRPOAdvantage
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader
 
     torch.set_num_threads(args.threads)
     new_tokens = args.new_tokens
@@ -171,10 +179,11 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     )
     backend = HFBackend(model=model, tokenizer=tokenizer)
     verifier = DigitFractionVerifier()
-    planner = RolloutPlanner(rollout, backend, verifier, NoResetSelector())
+    strategy, sampler = PlainRolloutStrategy(rollout=rollout), RolloutSampler(rollout, backend, verifier)
     module = CreditAssignmentModule(
         model, tokenizer,
-        Parts(backend, verifier, WholeSegmenter(tokenizer=tokenizer), GRPOAdvantage(), planner),
+        Parts(backend, verifier, WholeSegmenter(tokenizer=tokenizer), GRPOAdvantage(), strategy,
+              sampler, NoResetSelector()),
         problems_for_step=lambda step: problems, eval_problems=problems[:1],
         loss=loss, rollout=rollout, eval_cfg=EvalConfig(every=0),
         optimizer=lambda params: torch.optim.AdamW(
@@ -183,7 +192,7 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     )
     # Part timings (thin wrappers; training_step itself is untouched).
     backend.generate = rec.timed("generate", backend.generate)
-    planner.collect = rec.timed("rollout", planner.collect)
+    strategy.collect = rec.timed("rollout", strategy.collect)
     module.update = rec.timed("update", module.update)
 
     class Timing(Callback):
@@ -416,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(st.get('other'))}")
     print("  step     on_step_begin/on_train_batch_start -> on_step_end/on_train_batch_end (one optimizer step)\n"
           "  cycle    the step + the trainer loop's own overhead until the next step (dataloader, hooks)\n"
-          "  rollout  creditlab: planner.collect (encode, generate, verify); TRL: "
+          "  rollout  creditlab: the rollout strategy's collect (encode, generate, verify); TRL: "
           "_generate_and_score_completions\n"
           "           (tokenize, generate, decode, rewards, advantages, metrics)\n"
           "  generate creditlab: HFBackend.generate (incl. decode); TRL: _generate "

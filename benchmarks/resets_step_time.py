@@ -30,9 +30,9 @@ from pathlib import Path
 
 
 def run_one(method: str, seed: int, steps: int, threads: int, out: Path, extra: list[str]) -> list[dict]:
-    from creditlab.cli import compose
+    from creditlab.compose import compose
+    from creditlab.launch import run
     from creditlab.loggers import read_metrics
-    from creditlab.train import run
 
     overrides = [
         f"method={method}", f"seed={seed}", f"trainer.max_steps={steps}", "eval.every=0",

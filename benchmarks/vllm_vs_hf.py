@@ -61,7 +61,7 @@ def make_backend(name: str, model, tokenizer, compile_vllm: bool = False):
 
 def bench_generation(args, ckpt: str) -> dict:
     """Tokens/s of ``generate`` for both backends, alternating round by round."""
-    from creditlab.policy import ModelConfig, load_policy
+    from creditlab.models import ModelConfig, load_policy
     from creditlab.types import GenerationRequest, SamplingParams
 
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
@@ -96,18 +96,18 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     """Step times of a Lightning fit with backend ``name``, with its generate/update/sync parts."""
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import Callback
-    from torch.utils.data import DataLoader
-
     from creditlab.evaluation import EvalConfig
     from creditlab.interfaces import Verifier
     from creditlab.losses import LossConfig
+    from creditlab.models import ModelConfig, load_policy
     from creditlab.module import CreditAssignmentModule, Parts
-    from creditlab.policy import ModelConfig, load_policy
-    from creditlab.rollout import NoResetSelector, RolloutConfig, RolloutPlanner
+    from creditlab.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
+    from creditlab.types import RolloutConfig
     from creditlab.segmenters import WholeSegmenter
     from creditlab.types import Problem, Rewards
     from creditlab_grpo.advantage import GRPOAdvantage
+    from lightning.pytorch.callbacks import Callback
+    from torch.utils.data import DataLoader
 
     class DigitFractionVerifier(Verifier):
         def score(self, problems, completions) -> Rewards:
@@ -119,10 +119,11 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     rollout = RolloutConfig(group_size=args.generations, max_new_tokens=args.train_tokens)
     backend = make_backend(name, model, tok, args.vllm_compile)
     verifier = DigitFractionVerifier()
-    planner = RolloutPlanner(rollout, backend, verifier, NoResetSelector())
+    strategy, sampler = PlainRolloutStrategy(rollout=rollout), RolloutSampler(rollout, backend, verifier)
     module = CreditAssignmentModule(
         model, tok,
-        Parts(backend, verifier, WholeSegmenter(tokenizer=tok), GRPOAdvantage(), planner),
+        Parts(backend, verifier, WholeSegmenter(tokenizer=tok), GRPOAdvantage(), strategy,
+              sampler, NoResetSelector()),
         problems_for_step=lambda step: problems, eval_problems=problems[:1], loss=LossConfig(),
         rollout=rollout, eval_cfg=EvalConfig(every=0),
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0),
@@ -187,7 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-
     from creditlab.backends.vllm import INSTALL_HINT, vllm_available
 
     if not vllm_available():

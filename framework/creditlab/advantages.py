@@ -5,7 +5,7 @@ all groups at once with scatter/index ops (no Python loop over groups).
 
 Conventions (see METHODS.md §0):
 
-* ``std="sample"`` uses ddof 1 (TRL, verl), ``"population"`` ddof 0 (SRPO code), ``"none"`` skips
+* ``std="sample"`` uses ddof 1 (TRL, verl), ``"population"`` ddof 0, ``"none"`` skips
   the division (Dr. GRPO): ``A_i = R_i - mean_g R``.
 * A group whose rewards are all equal, or whose std is below ``zero_std_tol``, gets advantages of
   exactly 0 for every ``std`` option. For ``std="none"`` the tolerance is checked against the
@@ -19,6 +19,8 @@ Conventions (see METHODS.md §0):
 from __future__ import annotations
 
 import torch
+
+from creditlab.types import Sum
 
 STD_OPTIONS = ("sample", "population", "none")
 
@@ -59,7 +61,7 @@ def group_advantages(
         )
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     if rewards.numel() == 0:
-        empty = {"groups": 0.0, "zero_std_groups": 0.0, "singleton_groups": 0.0}
+        empty = {"groups": Sum(0.0), "zero_std_groups": Sum(0.0), "singleton_groups": Sum(0.0)}
         return torch.zeros(0, dtype=out_dtype, device=rewards.device), empty
     r = rewards.detach().to(torch.float64)
     if not torch.isfinite(r).all():
@@ -87,9 +89,9 @@ def group_advantages(
     adv = dev if std == "none" else dev / (sd[inv] + eps)
     adv = torch.where((singleton | degenerate)[inv], torch.zeros_like(adv), adv)
     metrics = {
-        "groups": float(n_groups),
-        "zero_std_groups": float(degenerate.sum()),
-        "singleton_groups": float(singleton.sum()),
+        "groups": Sum(n_groups),
+        "zero_std_groups": Sum(degenerate.sum()),
+        "singleton_groups": Sum(singleton.sum()),
     }
     return adv.to(out_dtype), metrics
 

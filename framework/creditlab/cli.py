@@ -4,6 +4,11 @@
 validating every section and plug-in name), so mistakes end with one clear line naming the fix
 instead of a traceback; then it hands over to Hydra, which runs one job or a multirun sweep.
 ``creditlab compare RUN_DIR...`` aggregates finished runs into a report (docs/comparing.md).
+
+Each subcommand imports its heavy modules when it runs (the training stack imports Lightning,
+~11 s on a 2-core machine; the report, matplotlib and scipy): the one place in the core where an
+import sits inside a function for another reason than an optional dependency, so that
+``creditlab plugins`` or a config mistake answers in seconds.
 """
 
 from __future__ import annotations
@@ -14,40 +19,22 @@ import re
 import sys
 from typing import Any, NoReturn
 
-from creditlab.registry import REGISTRIES, ConfigError, RegistryError, closest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
+from rich.table import Table
+
+from creditlab.compose import SUBMITIT_MISSING, compose, searchpath_override, split_searchpath
+from creditlab.config import validate
+from creditlab.errors import ConfigError, RegistryError, closest
+from creditlab.registry import REGISTRIES, conf_entries
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
     "--package", "-p", "--experimental-rerun",
 }
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-#: Launcher presets that need Hydra's submitit plug-in (the optional extra ``slurm``).
-SUBMITIT_LAUNCHERS = {"slurm", "submitit_slurm", "submitit_local"}
-SUBMITIT_MISSING = (
-    "hydra/launcher={} needs Hydra's submitit launcher plug-in, which is not installed: "
-    "pip install 'creditlab[slurm]' (the hydra-submitit-launcher package)."
-)
-
-
-def _plugin_installed(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def _check_launcher_plugin(overrides: list[str]) -> None:
-    """Raise ConfigError when a launcher preset's Hydra plug-in is missing (Hydra itself would
-    only say that the option does not exist)."""
-    for text in overrides:
-        key, _, value = text.lstrip("+~").partition("=")
-        if key == "hydra/launcher" and value in SUBMITIT_LAUNCHERS:
-            if not _plugin_installed("hydra_plugins.hydra_submitit_launcher"):
-                raise ConfigError(SUBMITIT_MISSING.format(value))
-
-
 def _error(message: str) -> NoReturn:
     print(f"creditlab: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -56,8 +43,6 @@ def _error(message: str) -> NoReturn:
 def _sweep_variants(overrides: list[str]) -> list[list[str]]:
     """Override lists to check: every sweep at its first value, then each other value of each
     sweep (``a=1,2`` / ``range(...)`` / ``choice(...)``) once — linear, not the full grid."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(overrides)
     values: list[list[str]] = []
     for text, ov in zip(overrides, parsed):
@@ -71,26 +56,6 @@ def _sweep_variants(overrides: list[str]) -> list[list[str]]:
     for i, options in enumerate(values):
         variants.extend(base[:i] + [o] + base[i + 1 :] for o in options[1:])
     return variants
-
-
-def compose(overrides: list[str]) -> Any:
-    """The composed config for ``overrides`` (with the Hydra node available for interpolation)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from creditlab.hydra_plugins import searchpath_override, split_searchpath
-    from creditlab.train import CONF_DIR
-
-    if not (CONF_DIR / "train.yaml").is_file():
-        _error(
-            f"creditlab's config folder was not found (looked for {CONF_DIR}/train.yaml and "
-            "<prefix>/share/creditlab/conf). Install from a source checkout with `pip install -e .`, "
-            "or reinstall the package so its conf/ and sweeps/ data files are installed."
-        )
-    _check_launcher_plugin(overrides)
-    user, overrides = split_searchpath(overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
-        return hydra_compose("train", overrides=[*searchpath_override(user), *overrides])
 
 
 def _explain(exc: Exception, overrides: list[str]) -> str:
@@ -134,11 +99,6 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
 
 def check(overrides: list[str]) -> Any:
     """Compose and validate; exit with a clear message on any mistake. Returns the config."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from creditlab.train import validate
-
     first = None
     for variant in _sweep_variants(overrides):
         try:
@@ -169,9 +129,7 @@ def train(argv: list[str]) -> None:
             first = i if first is None else first
     if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
         check(overrides)
-    from creditlab.hydra_main import main as hydra_main
-
-    from creditlab.hydra_plugins import searchpath_override, split_searchpath
+    from creditlab.hydra_main import main as hydra_main  # the training stack (see the module doc)
 
     # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides
     # (a user's own hydra.searchpath is merged into it, not left to replace it).
@@ -184,9 +142,6 @@ def train(argv: list[str]) -> None:
 def plugins(argv: list[str]) -> None:
     """Print every registered part (kind, name, distribution, version, module:attr) and every
     plug-in config folder (kind ``conf``)."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="creditlab plug-ins")
     for col in ("kind", "name", "distribution", "version", "target"):
         table.add_column(col)
@@ -198,8 +153,6 @@ def plugins(argv: list[str]) -> None:
             continue
         for e in entries:
             table.add_row(kind, e.name, e.dist, e.version, e.target)
-    from creditlab.registry import conf_entries
-
     for e, path in conf_entries():  # config folders on Hydra's search path (creditlab.conf)
         table.add_row("conf", e.name, e.dist, e.version, path)
     Console(width=160).print(table)
@@ -233,11 +186,11 @@ def compare(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     by = [k.strip() for k in args.by.split(",") if k.strip()]
     if not by:
-        _error("--by needs at least one config key, e.g. --by method or --by method,rollout.resets")
+        _error("--by needs at least one config key, e.g. --by method or --by method,rollout.split")
     if args.bootstrap < 1:
         _error(f"--bootstrap must be a positive number of resamples, got {args.bootstrap}")
 
-    from creditlab.compare import CompareError
+    from creditlab.compare import CompareError  # the report's modules (see the module doc)
     from creditlab.compare import compare as run_compare
     from creditlab.report import print_summary, write_report
 

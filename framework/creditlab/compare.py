@@ -18,11 +18,19 @@ from typing import Any
 import numpy as np
 
 from creditlab import stats
+from creditlab.errors import closest
 from creditlab.rundirs import (
-    AXES, REWARD, CompareError, Run, assign_groups, config_mismatches, find_runs, load_run, select_used,
+    AXES,
+    REWARD,
+    CompareError,
+    Run,
+    assign_groups,
+    config_mismatches,
+    find_runs,
+    load_run,
+    select_used,
     short_names,
 )
-from creditlab.registry import closest
 
 CREDIT_PREFIX = "train/credit/"
 STEP_TIME = "time/step_s"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from creditlab.generation import completion_spans, span_texts
-from creditlab.types import RolloutBatch
+from creditlab.types import Mean, RolloutBatch, Sum
 
 
 class CreditMetrics:
@@ -73,10 +73,10 @@ class CreditMetrics:
                 rel_ranks.append((rank - 1) / max(len(trained) - 1, 1))
         if not scored:
             return {}
-        out = {"scored": float(scored), "with_negative_mass": float(massed)}
+        out: dict[str, float] = {"scored": Sum(scored), "with_negative_mass": Sum(massed)}
         if massed:
-            out.update({f"neg_mass_{key}": value / massed for key, value in sums.items()})
+            out.update({f"neg_mass_{key}": Mean(value / massed) for key, value in sums.items()})
         if ranks:
-            out["first_wrong_rank"] = sum(ranks) / len(ranks)
-            out["first_wrong_rank_relative"] = sum(rel_ranks) / len(rel_ranks)
+            out["first_wrong_rank"] = Mean(sum(ranks) / len(ranks))
+            out["first_wrong_rank_relative"] = Mean(sum(rel_ranks) / len(rel_ranks))
         return out

@@ -8,8 +8,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from creditlab.errors import InputError
 from creditlab.interfaces import Task
-from creditlab.registry import InputError
 from creditlab.types import Problem
 
 

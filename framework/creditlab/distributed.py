@@ -15,7 +15,9 @@ On R ranks (Lightning's DDP strategy) one RL step goes like this:
    in the same collectives; under DDP every micro-batch but the last is backpropagated without
    the all-reduce (:func:`gradient_sync`): one all-reduce per optimizer step.
 3. Metrics are made global (:func:`gather_floats`, :func:`all_sum`, :func:`reduce_metrics`) and
-   logged by rank 0.
+   logged by rank 0. Each value says how it combines (:class:`~creditlab.types.Sum`,
+   :class:`~creditlab.types.Mean`, :class:`~creditlab.types.Max`, :class:`~creditlab.types.Min`;
+   a plain float is a mean): never the key's spelling.
 
 Every helper is the identity when ``torch.distributed`` is not initialized (one process).
 """
@@ -27,25 +29,24 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
+
+from creditlab.types import reduction
 
 T = TypeVar("T")
 
 __all__ = [
-    "all_max", "all_sum", "gather_floats", "gradient_sync", "reduce_metrics", "reduction",
-    "rank_and_world", "shard",
+    "all_max", "all_sum", "gather_floats", "gradient_sync", "reduce_metrics", "rank_and_world",
+    "shard",
 ]
 
 
 def _active() -> bool:
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized()
 
 
 def rank_and_world() -> tuple[int, int]:
     """``(rank, world_size)`` of the default process group; ``(0, 1)`` without one."""
-    import torch.distributed as dist
-
     return (dist.get_rank(), dist.get_world_size()) if _active() else (0, 1)
 
 
@@ -73,8 +74,6 @@ def gradient_sync(strategy: Any, enabled: bool) -> Iterator[None]:
 
 
 def _all_reduce(values: Sequence[float], op: str) -> list[float]:
-    import torch.distributed as dist
-
     if not _active():
         return [float(v) for v in values]
     device = None
@@ -96,8 +95,6 @@ def all_max(values: Sequence[float]) -> list[float]:
 
 
 def _gather_objects(obj: Any) -> list[Any]:
-    import torch.distributed as dist
-
     if not _active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
@@ -110,68 +107,36 @@ def gather_floats(values: Sequence[float]) -> list[float]:
     return [float(v) for part in _gather_objects([float(v) for v in values]) for v in part]
 
 
-#: Last words of a leaf name (split on ``_``) that mark a rate or a mean: averaged over ranks.
-MEAN_LAST_WORDS = frozenset({
-    "mean", "rate", "frac", "fraction", "std", "relative", "position", "rank", "accuracy", "avg",
-    "ratio", "success", "exact", "early", "late", "mass", "credit",
-})
-#: Whole leaf names of in-repo rates that the word rules miss, and of counts they would average.
-MEAN_LEAVES = frozenset({"clean_prefix", "neg_mass_before", "neg_mass_at", "neg_mass_after"})
-COUNT_LEAVES = frozenset({"with_negative_mass"})
-
-
-def reduction(key: str) -> str:
-    """How a metric combines over ranks, from its name: ``max``, ``min``, ``mean`` or ``sum``.
-
-    The leaf (the part after the last ``/``) decides: a ``max``/``min`` word takes the extreme;
-    a rate or a mean (last word in :data:`MEAN_LAST_WORDS`, e.g. ``*_rate``, ``*_frac``,
-    ``abs_mean``; an ``x_per_y``; ``pass@k``; :data:`MEAN_LEAVES`) is averaged; anything else is a
-    count (``groups``, ``zero_std_groups``, ``*_tokens``, ``scored``) and summed. Plug-in
-    authors: name rates and means accordingly (docs/scaling.md).
-    """
-    leaf = key.rsplit("/", 1)[-1]
-    words = leaf.replace("@", "_").split("_")
-    if "max" in words:
-        return "max"
-    if "min" in words:
-        return "min"
-    if leaf in COUNT_LEAVES:
-        return "sum"
-    if words[-1] in MEAN_LAST_WORDS or "per" in words or "pass@" in leaf or leaf in MEAN_LEAVES:
-        return "mean"
-    return "sum"
-
-
-def reduce_metrics(
-    metrics: dict[str, float], weight: float, ops: dict[str, str] | None = None
-) -> dict[str, float]:
+def reduce_metrics(metrics: dict[str, float], weight: float) -> dict[str, float]:
     """Combine every rank's ``metrics`` (a collective; the same result on every rank).
 
     Args:
-        metrics: This rank's values.
+        metrics: This rank's values; each combines as its type says
+            (:func:`creditlab.types.reduction`: sum, mean, max or min; a plain float is a mean).
         weight: This rank's weight in means (e.g. its rows): exact for per-row means, an
             approximation for ratios whose denominator is not proportional to it.
-        ops: ``key -> "sum" | "mean" | "max" | "min"``; other keys by :func:`reduction`.
 
-    A key missing on some ranks combines over the ranks that have it.
+    A key missing on some ranks combines over the ranks that have it; the result keeps the type
+    (and so the reduction) of the first rank that has it.
     """
-    ops = ops or {}
     parts = _gather_objects((dict(metrics), float(weight)))
     if len(parts) == 1:
         return dict(metrics)
     keys = list(dict.fromkeys(k for m, _ in parts for k in m))
     out: dict[str, float] = {}
     for key in keys:
+        first = next(m[key] for m, _ in parts if key in m)
         have = [(float(m[key]), w) for m, w in parts if key in m]
-        op = ops.get(key) or reduction(key)
+        op = reduction(first)
         if op == "sum":
-            out[key] = sum(v for v, _ in have)
+            value = sum(v for v, _ in have)
         elif op == "max":
-            out[key] = max(v for v, _ in have)
+            value = max(v for v, _ in have)
         elif op == "min":
-            out[key] = min(v for v, _ in have)
+            value = min(v for v, _ in have)
         else:
             total = sum(w for _, w in have)
-            out[key] = (sum(v * w for v, w in have) / total if total > 0
-                        else sum(v for v, _ in have) / len(have))
+            value = (sum(v * w for v, w in have) / total if total > 0
+                     else sum(v for v, _ in have) / len(have))
+        out[key] = type(first)(value) if isinstance(first, float) else value
     return out

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from math import comb
-from typing import Any
 
 from creditlab.interfaces import GenerationBackend, PolicyHandle, Verifier
-from creditlab.types import GenerationRequest, Problem
+from creditlab.rollout import sample
+from creditlab.types import GenerationRequest, Mean, Problem, RolloutConfig
 
 
 @dataclass
@@ -55,13 +55,11 @@ def _solve(
     ctx: PolicyHandle,
     problems: Sequence[Problem],
     repeats: int,
-    rollout: Any,
+    rollout: RolloutConfig,
     temperature: float,
     seed: int,
     batch_size: int,
 ) -> list[list[float]]:
-    from creditlab.rollout import sample
-
     owners = [p for p in problems for _ in range(repeats)]
     requests = [GenerationRequest(ctx.encode(p.prompt)) for p in owners]
     sampling = replace(rollout.sampling(seed), temperature=temperature, top_p=1.0, top_k=0)
@@ -78,7 +76,7 @@ def evaluate(
     ctx: PolicyHandle,
     problems: Sequence[Problem],
     cfg: EvalConfig,
-    rollout: Any,
+    rollout: RolloutConfig,
     seed: int,
 ) -> dict[str, float]:
     """``eval/pass@1`` (greedy) and, with ``cfg.samples``, ``eval/pass@k`` and mean accuracy.
@@ -89,15 +87,15 @@ def evaluate(
     problems = list(problems[: cfg.problems] if cfg.problems else problems)
     if not problems:
         return {}
-    verifier.metrics()  # training counts were logged already; start clean
+    verifier.reset_metrics()  # training counts were logged already; start clean
     greedy = _solve(backend, verifier, ctx, problems, 1, rollout, 0.0, seed, cfg.batch_size)
-    out = {"eval/pass@1": sum(r[0] > 0.5 for r in greedy) / len(problems)}
+    out = {"eval/pass@1": Mean(sum(r[0] > 0.5 for r in greedy) / len(problems))}
     if cfg.samples:
         sampled = _solve(
             backend, verifier, ctx, problems, cfg.samples, rollout, cfg.temperature, seed, cfg.batch_size
         )
         correct = [sum(x > 0.5 for x in r) for r in sampled]
-        out[f"eval/pass@{cfg.k}"] = sum(pass_at_k(cfg.samples, c, cfg.k) for c in correct) / len(problems)
-        out["eval/sample_accuracy"] = sum(correct) / (cfg.samples * len(problems))
+        out[f"eval/pass@{cfg.k}"] = Mean(sum(pass_at_k(cfg.samples, c, cfg.k) for c in correct) / len(problems))
+        out["eval/sample_accuracy"] = Mean(sum(correct) / (cfg.samples * len(problems)))
     out.update({f"eval/verifier/{k}": v for k, v in verifier.metrics().items()})
     return out

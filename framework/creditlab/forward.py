@@ -18,10 +18,11 @@ import inspect
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
-from creditlab.fused import dynamic_rope
-from creditlab.fused import supported as fused_supported
-from creditlab.fused_train import shared_prompt_logits
+from creditlab.accel.fused import dynamic_rope
+from creditlab.accel.fused import supported as fused_supported
+from creditlab.accel.fused_train import shared_prompt_logits
 
 try:  # transformers >= 4.56: per-layer cache objects
     from transformers.cache_utils import DynamicLayer
@@ -98,8 +99,6 @@ def _shared_prompt_cache(model: Any) -> Any | None:
     if DynamicLayer is None:
         return None
     try:
-        from transformers import DynamicCache
-
         cache = DynamicCache(config=model.config)
     except Exception:  # noqa: BLE001 - no config, or a cache this transformers cannot build
         return None
@@ -204,8 +203,6 @@ def response_logits(
 
 def _select_cache(cache: Any, index: torch.Tensor) -> Any:
     """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is)."""
-    from transformers import DynamicCache
-
     out = DynamicCache()
     for i, layer in enumerate(cache.layers):
         out.update(layer.keys[index], layer.values[index], i)

@@ -13,26 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from creditlab.interfaces import GenerationBackend
-from creditlab.types import Completion, GenerationRequest, SamplingParams, Spans
-
-
-@dataclass
-class ThoughtConfig:
-    """Thought-level generation settings.
-
-    Attributes:
-        delimiter: Text ending a thought; a stop string of each round, kept in the tokens.
-        max_thoughts: At most this many thoughts per response, thoughts of a request's prefix
-            included (a prefix ending mid-thought: that thought counts once it is finished).
-        max_thought_tokens: Token cap of one thought; a thought hitting it without the delimiter
-            still counts as a thought.
-        final_marker: A thought whose text contains it ends the response (``""`` disables).
-    """
-
-    delimiter: str = "</thought>"
-    max_thoughts: int = 20
-    max_thought_tokens: int = 256
-    final_marker: str = "\\boxed{"
+from creditlab.types import Completion, GenerationRequest, SamplingParams, Spans, ThoughtConfig
 
 
 def thought_spans(response_ids: Sequence[int], delimiter_ids: Sequence[int]) -> Spans:
@@ -70,8 +51,8 @@ def thought_spans(response_ids: Sequence[int], delimiter_ids: Sequence[int]) -> 
 def merge_eos_tail(spans: Spans, ids: Sequence[int], eos_id: int | None) -> Spans:
     """``spans`` with a final span holding only ``eos_id`` merged into the one before it.
 
-    An EOS right after the last delimiter is not a thought of its own (a reset there, or a value
-    estimate before it, would be meaningless).
+    An EOS right after the last delimiter is not a thought of its own (a continuation from
+    there, or a value estimate before it, would be meaningless).
     """
     if eos_id is None or len(spans) < 2:
         return spans
@@ -161,7 +142,7 @@ def generate_thoughts(
 
     Args:
         backend: Any generation backend (only ``generate`` and ``tokenizer`` are used).
-        requests: N requests; ``prefix_ids`` (e.g. a reset prefix) are kept exactly.
+        requests: N requests; ``prefix_ids`` (a prefix to continue) are kept exactly.
         sampling: Sampling settings; ``sampling.stop`` must be empty.
         cfg: Thought settings (defaults: :class:`ThoughtConfig`).
 

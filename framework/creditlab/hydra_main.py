@@ -8,8 +8,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from creditlab.registry import InputError, RegistryError
-from creditlab.train import CONF_DIR, run
+from creditlab.config import CONF_DIR
+from creditlab.errors import InputError, RegistryError
+from creditlab.launch import RankFailed, run
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -20,4 +21,7 @@ def main(cfg: DictConfig) -> float | None:
     except (InputError, RegistryError, FileNotFoundError) as exc:
         print(f"creditlab: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except RankFailed as exc:
+        print(f"creditlab: error: {exc}", file=sys.stderr)
+        sys.exit(1)
     return summary.get("eval_pass@1_last")

@@ -2,13 +2,15 @@
 
 Each kind has one main abstract method, a nested ``Config`` dataclass (YAML keys are validated
 against its fields; an unknown key is an error) and ``metrics()`` logged as
-``train/<kind>/<key>``. Parts are built through :mod:`creditlab.registry`, never ``_target_``.
+``train/<kind>/<key>``, each value saying how it combines over ranks
+(:class:`~creditlab.types.Sum`, :class:`~creditlab.types.Mean`, ...). Parts are built through
+:mod:`creditlab.registry`, never ``_target_``.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,11 +24,18 @@ from creditlab.types import (
     ResetPoint,
     Rewards,
     RolloutBatch,
+    RolloutConfig,
     SamplingParams,
     Segments,
     Spans,
     Trajectory,
 )
+
+#: ``(problems, requests, seed) -> trajectories``: sample one completion per request (continuing
+#: its ``prefix_ids``) with the run's rollout settings and score it with the run's verifier.
+#: ``requests[i]`` belongs to ``problems[i]``; the trajectories come back in request order with
+#: ``group_id`` -1 (for the caller to assign) and ``trainable_from`` at the prefix end.
+SampleFn = Callable[[Sequence[Problem], Sequence[GenerationRequest], int], "list[Trajectory]"]
 
 
 @dataclass
@@ -46,8 +55,36 @@ class Part(abc.ABC):
         self.config = config if config is not None else self.Config()
 
     def metrics(self) -> dict[str, float]:
-        """Scalars accumulated since the last call (then reset), logged as train/<kind>/<key>."""
+        """Scalars accumulated since the last call (then reset), logged as train/<kind>/<key>.
+
+        Each value is a :class:`~creditlab.types.Sum`, :class:`~creditlab.types.Mean`,
+        :class:`~creditlab.types.Max` or :class:`~creditlab.types.Min` (a plain float is a mean):
+        that decides how it combines over data-parallel ranks.
+        """
         return {}
+
+    def reset_metrics(self) -> None:
+        """Forget what :meth:`metrics` would report now (e.g. counts an evaluation caused), so the
+        next call covers only what follows."""
+        self.metrics()
+
+
+def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """``embeddings + offset`` (the offset cast to their dtype and device, not differentiated), or
+    ``embeddings`` itself when ``offset`` is ``None``: the forward input of
+    :meth:`PolicyHandle.input_gradients`.
+
+    Raises:
+        ValueError: ``offset`` does not have the shape of ``embeddings``.
+    """
+    if offset is None:
+        return embeddings
+    if offset.shape != embeddings.shape:
+        raise ValueError(
+            f"embedding_offset must have the embeddings' shape {tuple(embeddings.shape)}; "
+            f"got {tuple(offset.shape)}"
+        )
+    return embeddings + offset.detach().to(embeddings)
 
 
 class PolicyHandle(abc.ABC):
@@ -88,9 +125,9 @@ class PolicyHandle(abc.ABC):
         """Teacher-forced log-probs of short continuations that branch off shared sequences, no grad.
 
         Branch ``j`` continues the first ``at[j]`` tokens of trunk ``rows[j]`` with
-        ``branch_ids[j]`` (e.g. RREDCoT's ``state + cue + answer`` rows: many answers after many
-        prefixes of one response). This default builds every ``trunk[:at] + branch`` sequence and
-        calls :meth:`logprobs`; a handle holding the model may run each trunk once and branch
+        ``branch_ids[j]`` (e.g. ``state + cue + answer`` rows that value many prefixes of one
+        response by the probability of many answers). This default builds every
+        ``trunk[:at] + branch`` sequence and calls :meth:`logprobs`; a handle holding the model may run each trunk once and branch
         from its KV cache (the same numbers up to float rounding).
 
         Args:
@@ -172,8 +209,9 @@ class PolicyHandle(abc.ABC):
         """Continue each request with the run's rollout settings and score it with its verifier.
 
         ``requests[i]`` belongs to ``problems[i]``; plain or thought-by-thought generation as the
-        run is configured, sampled with the step's generator. For value estimates and repairs
-        (Monte-Carlo values, IBPO); the results are not trained on unless the caller says so.
+        run is configured, sampled with the step's generator: the :data:`SampleFn` the rollout
+        strategy gets, seeded from :attr:`rng`. For value estimates and repairs; the results are
+        not trained on unless the caller says so.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot sample and score rollouts")
 
@@ -249,7 +287,8 @@ class Segmenter(Part):
 
 
 class ResetSelector(Part):
-    """Picks where to reset a failed trajectory."""
+    """Picks where to reset a failed trajectory (for rollout strategies that reset, e.g. RRPO's
+    and SRPO's; arXiv 2605.25507)."""
 
     kind = "reset_selector"
 
@@ -270,6 +309,64 @@ class ResetSelector(Part):
         return [self.select(t, s, ctx) for t, s in zip(trajectories, spans)]
 
 
+class RolloutStrategy(Part):
+    """Turns one RL step's problems into trajectories placed in advantage groups.
+
+    ``plain`` (the core's) samples ``group_size`` i.i.d. completions per problem, one group per
+    problem; a strategy may instead build a tree (continuations of prefixes of earlier chains),
+    asking the run's :class:`ResetSelector` where to branch. Whatever it builds, a strategy trains
+    on ``rollout.group_size`` trajectories per problem, so methods compare on equal budgets.
+
+    The ``rollout`` config section holds ``name`` (the strategy), the core's
+    :class:`~creditlab.types.RolloutConfig` keys (sampling, thoughts, truncation) and the
+    strategy's own ``Config`` keys.
+    """
+
+    kind = "rollout"
+    #: Whether :meth:`collect` asks the run's reset selector (which must then not be ``none``);
+    #: strategies that do not use one refuse any other selector, so no setting is silently idle.
+    uses_reset_selector: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        config: Any | None = None,
+        *,
+        rollout: RolloutConfig | None = None,
+        tokenizer: Any = None,
+        reset_selector: ResetSelector | None = None,
+    ) -> None:
+        """Args: config: the strategy's Config; rollout: the run's core rollout settings;
+        tokenizer: the policy's tokenizer; reset_selector: the run's selector (``none`` unless
+        :attr:`uses_reset_selector`)."""
+        super().__init__(config)
+        self.rollout = rollout if rollout is not None else RolloutConfig()
+        self.tokenizer = tokenizer
+        self.reset_selector = reset_selector
+
+    @classmethod
+    def check(cls, config: Any, rollout: RolloutConfig) -> None:
+        """Raise :class:`~creditlab.errors.ConfigError` when this strategy cannot run with these
+        settings (called before the model loads). Default: nothing to check."""
+
+    @abc.abstractmethod
+    def collect(
+        self, problems: Sequence[Problem], ctx: PolicyHandle, sample: SampleFn, seed: int
+    ) -> list[Trajectory]:
+        """The step's trajectories to train on.
+
+        Args:
+            problems: This rank's problems of the step.
+            ctx: The current policy (``encode`` gives each problem's prompt ids).
+            sample: Samples and scores continuations (see :data:`SampleFn`); every token it
+                generates is counted as generated, trained on or not.
+            seed: The step's seed (same seed, same trajectories).
+
+        Returns:
+            ``group_size`` trajectories per problem, each with its advantage ``group_id``
+            (>= 0; a group holds trajectories of one problem) and ``trainable_from``.
+        """
+
+
 class AdvantageEstimator(Part):
     """Turns rewards (and anything it asks of the policy) into per-token advantages."""
 
@@ -283,5 +380,8 @@ class AdvantageEstimator(Part):
 #: Registry kind -> interface. The order is the order of ``creditlab plugins``.
 INTERFACES: dict[str, type[Part]] = {
     cls.kind: cls
-    for cls in (Task, GenerationBackend, Verifier, Segmenter, ResetSelector, AdvantageEstimator)
+    for cls in (
+        Task, GenerationBackend, Verifier, Segmenter, ResetSelector, RolloutStrategy,
+        AdvantageEstimator,
+    )
 }

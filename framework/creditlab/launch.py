@@ -1,151 +1,77 @@
-"""Starting the data-parallel ranks of one run on this machine.
+"""Process plumbing of a run: validate, write the run directory's records, start the processes
+(one, or the data-parallel ranks of this machine) and record how the run ended in ``status.json``.
 
-Lightning's ``ddp`` launcher starts each extra rank by re-running the command line
-(``sys.argv``) with ``hydra.run.dir=...`` appended. With creditlab that command is the console
-script ``creditlab train ...`` (its ``argv[0]`` is not a script Lightning can re-run), and under a
-Hydra multirun the re-run would start the whole sweep again (Lightning-AI/pytorch-lightning#11300,
-facebookresearch/hydra#2070). ``ddp_spawn`` instead pickles the module and every part (tokenizer,
-verifier worker pools, ...) into fresh interpreters.
+One process (the default): :func:`run` fits in this process (:func:`creditlab.runner.fit`).
 
-So creditlab starts the ranks itself: the Hydra job's process is rank 0 and starts ranks
-1..N-1 as ``python -m creditlab.launch <run_dir>``; those read the run's resolved ``config.yaml``,
-so every rank has the same config and run folder, in single runs and in sweeps alike. The usual
-variables (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``, ``LOCAL_RANK``,
-``RANK``) are set, so Lightning sees processes created externally and only joins them. When a
-cluster already created the processes (SLURM ``srun``, ``torchrun``), nothing is launched here.
+Several ranks on this machine (``trainer=ddp trainer.devices=N``): this process becomes a
+``torch.distributed`` elastic agent (the launcher behind ``torchrun``) and starts N workers, each
+``python -m creditlab.launch <run_dir>``; the workers read the run's resolved ``config.yaml``,
+so every rank has the same config and run folder, in single runs and in Hydra sweeps alike
+(Lightning's own ``ddp`` launcher re-runs ``sys.argv``, which under a Hydra multirun starts the
+whole sweep again: Lightning-AI/pytorch-lightning#11300, facebookresearch/hydra#2070; ``ddp_spawn``
+pickles every part into fresh interpreters). Lightning sees processes created externally and joins
+them. When one worker fails, the agent stops the others and the run is marked ``failed``.
+
+When a cluster already created the processes (SLURM ``srun``, ``torchrun``), every process runs
+:func:`run` as one rank and nothing is started here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from creditlab.registry import ConfigError
+import torch
+from lightning.fabric.plugins.environments import (
+    LSFEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-#: Strategy names (string form or class) whose ranks are separate processes on each node.
-MULTI_PROCESS = {"DDPStrategy": "ddp", "FSDPStrategy": "fsdp", "DeepSpeedStrategy": "deepspeed"}
-#: Environment variables this module sets for the ranks.
-RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK",
-            "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "CREDITLAB_THREADS")
+from creditlab.config import environment, provenance, validate
+from creditlab.errors import ConfigError
+from creditlab.layout import LaunchPlan, threads_per_rank
+from creditlab.models import resolve_model_path
+from creditlab.runner import fit
 
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """How the run's processes are laid out.
-
-    Attributes:
-        strategy: ``ddp``, ``fsdp``, ``deepspeed`` or ``single`` (one process per node).
-        devices: Ranks per node (``trainer.devices`` resolved to a number).
-        num_nodes: ``trainer.num_nodes``.
-    """
-
-    strategy: str
-    devices: int
-    num_nodes: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.devices * self.num_nodes if self.strategy != "single" else 1
+#: Environment variables set for the workers (and restored in this process afterwards).
+WORKER_ENV = ("OMP_NUM_THREADS", "CREDITLAB_THREADS")
 
 
-def cpu_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def _strategy(node: Any) -> str:
-    """``ddp`` / ``fsdp`` / ``deepspeed`` / ``single`` from ``trainer.strategy``."""
-    if isinstance(node, Mapping):
-        cls = str(node.get("_target_", "")).rsplit(".", 1)[-1]
-        if cls not in MULTI_PROCESS:
-            return "single"
-        method = node.get("start_method", "popen")
-        name = MULTI_PROCESS[cls] if method == "popen" else f"{MULTI_PROCESS[cls]}_{method}"
-    else:
-        name = str(node or "auto")
-    if any(s in name for s in ("spawn", "fork", "notebook")):
-        raise ConfigError(
-            f"trainer.strategy '{name}' starts its ranks by pickling the module and every part "
-            "into new processes, which creditlab does not support: use trainer=ddp (creditlab "
-            "starts the ranks itself; docs/scaling.md)."
-        )
-    return next((s for s in ("ddp", "fsdp", "deepspeed") if name.startswith(s)), "single")
-
-
-def _devices(value: Any, accelerator: str) -> int:
-    """``trainer.devices`` as a number of ranks per node."""
-    gpu = accelerator in ("gpu", "cuda")
-    if isinstance(value, (list, tuple)) or hasattr(value, "__len__") and not isinstance(value, str):
-        return len(value)
-    text = str(value).strip()
-    if text in ("auto", "-1"):
-        if not gpu:
-            return 1
-        import torch
-
-        return max(torch.cuda.device_count(), 1)
-    if "," in text:
-        return len([t for t in text.split(",") if t.strip()])
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(f"trainer.devices must be a number, a list or 'auto'; got {value!r}.") from None
-    if n < 1:
-        raise ConfigError(f"trainer.devices must be >= 1; got {n}.")
-    return n
-
-
-def plan(trainer: Mapping[str, Any], prompts_per_step: int) -> LaunchPlan:
-    """Check the trainer section's process layout.
-
-    Raises:
-        ConfigError: A spawn-based strategy; more CPU ranks than cores; fewer prompts per step
-            than ranks.
-    """
-    strategy = _strategy(trainer.get("strategy", "auto"))
-    accelerator = str(trainer.get("accelerator", "auto"))
-    devices = _devices(trainer.get("devices", 1), accelerator)
-    nodes = int(trainer.get("num_nodes", 1) or 1)
-    cores = cpu_cores()
-    if accelerator == "cpu" and strategy != "single" and devices > cores:
-        raise ConfigError(
-            f"trainer.devices={devices} would start {devices} CPU ranks but this machine has "
-            f"{cores} cores: use trainer.devices<={cores} (one rank per core at least)."
-        )
-    out = LaunchPlan(strategy, devices, nodes)
-    if prompts_per_step < out.world_size:
-        raise ConfigError(
-            f"prompts_per_step={prompts_per_step} is smaller than the {out.world_size} ranks; every "
-            f"rank needs at least one prompt: set prompts_per_step>={out.world_size}."
-        )
-    return out
+def _process_rank() -> int:
+    """This process's global rank when a cluster launcher started it (0 otherwise)."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
 
 
 def launched_externally() -> bool:
-    """Whether a cluster (SLURM, torchrun, ...) or creditlab already created this process."""
+    """Whether a cluster (SLURM, torchrun, ...) or creditlab's launcher created this process."""
     if "LOCAL_RANK" in os.environ:
         return True
-    from lightning.fabric.plugins.environments import (
-        LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment,
-    )
-
     return any(env.detect() for env in (SLURMEnvironment, TorchElasticEnvironment, LSFEnvironment))
 
 
 def processes_to_start(layout: LaunchPlan) -> int:
-    """Ranks to start on this node (1 = none beyond this process)."""
+    """Ranks to start on this node (1 = this process is the only one, or it is one of many a
+    cluster launcher already started).
+
+    Raises:
+        ConfigError: Several nodes, not started by a cluster launcher.
+    """
     if layout.strategy == "single" or layout.devices == 1 or launched_externally():
         return 1
     if layout.num_nodes > 1:
@@ -156,131 +82,112 @@ def processes_to_start(layout: LaunchPlan) -> int:
     return layout.devices
 
 
-def threads_per_rank(threads: int, ranks_here: int) -> int:
-    """``threads`` when set, else the cores shared out between this node's ranks (>= 1)."""
-    return threads if threads > 0 else max(1, cpu_cores() // max(ranks_here, 1))
+@rank_zero_only
+def write_status(out_dir: Path, status: str, started: str, error: BaseException | None = None) -> None:
+    """Write ``<out_dir>/status.json`` atomically: ``running``, ``finished`` or ``failed``.
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Watcher(threading.Thread):
-    """Polls the child ranks; when one fails, stops the others and this process (which would
-    otherwise wait in a collective until the process group's timeout)."""
-
-    def __init__(self, procs: list[subprocess.Popen], on_failure: Callable[[str], None]) -> None:
-        super().__init__(daemon=True, name="creditlab-rank-watcher")
-        self.procs, self.on_failure, self.done = procs, on_failure, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            for rank, proc in enumerate(self.procs, start=1):
-                code = proc.poll()
-                if code:  # non-zero exit (None = running, 0 = finished)
-                    message = f"rank {rank} exited with code {code}; stopping the run"
-                    print(f"creditlab: error: {message}", file=sys.stderr, flush=True)
-                    _terminate(self.procs)
-                    with contextlib.suppress(Exception):
-                        self.on_failure(message)
-                    os._exit(1)
-
-
-def _terminate(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-    for proc in procs:
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=10)
+    ``creditlab compare`` reads it to tell a crashed run (``failed``, with the exception) from one
+    still running or killed (``running`` with a pid that is, or is no longer, alive on ``host``).
+    """
+    state: dict[str, Any] = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
+    if status != "running":
+        state["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if error is not None:
+        state["error"] = {"type": type(error).__name__, "message": str(error)}
+    tmp = out_dir / "status.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, out_dir / "status.json")
 
 
 @contextlib.contextmanager
-def local_ranks(
-    out_dir: Path, processes: int, threads: int, on_failure: Callable[[str], None] = lambda m: None
-) -> Iterator[None]:
-    """Make this process rank 0 of ``processes`` ranks on this machine for the ``with`` body.
-
-    Ranks 1.. run ``python -m creditlab.launch <out_dir>`` (``out_dir/config.yaml`` must be
-    written). On leaving, waits for them and restores the environment; if this rank fails, they
-    are killed; if one of them fails, ``on_failure(message)`` runs and this process exits.
-
-    Args:
-        out_dir: The run folder.
-        processes: Ranks on this machine (1: nothing is started).
-        threads: torch threads per rank.
-        on_failure: Called with a message when a child rank fails.
-    """
-    if processes <= 1:
-        yield
-        return
-    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(processes),
-              "NODE_RANK": "0", "LOCAL_WORLD_SIZE": str(processes), "OMP_NUM_THREADS": str(threads),
-              "CREDITLAB_THREADS": str(threads)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "creditlab.launch", str(out_dir)],
-            env={**os.environ, **shared, "LOCAL_RANK": str(r), "RANK": str(r)},
-            stdin=subprocess.DEVNULL,
-        )
-        for r in range(1, processes)
-    ]
-    saved = {k: os.environ.get(k) for k in RANK_ENV}
-    os.environ.update(shared, LOCAL_RANK="0", RANK="0")
-    watcher = _Watcher(procs, on_failure)
-    watcher.start()
-    ok = False
+def recorded(out_dir: Path) -> Iterator[None]:
+    """``status.json`` says ``running`` during the body, then ``finished`` or ``failed``."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    write_status(out_dir, "running", started)
     try:
         yield
-        ok = True
+    except BaseException as exc:
+        write_status(out_dir, "failed", started, exc)
+        raise
+    write_status(out_dir, "finished", started)
+
+
+def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Train as configured, writing everything under ``out_dir``. Returns the run's summary.
+
+    With a multi-process strategy on one machine (``trainer=ddp``), the ranks run as workers of
+    a ``torch.distributed`` elastic agent (this process); they read ``out_dir/config.yaml``.
+    """
+    checked = validate(cfg)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if _process_rank() == 0:
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
+        (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
+    layout = checked.get("launch")
+    processes = processes_to_start(layout) if layout is not None else 1
+    threads = checked["run"].threads
+    if processes > 1 or (layout is not None and layout.world_size > 1):
+        ranks_here = processes if processes > 1 else int(os.environ.get("LOCAL_WORLD_SIZE", layout.devices))
+        threads = threads_per_rank(threads, ranks_here)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with recorded(out_dir):
+        if processes > 1:
+            resolve_model_path(checked["model"])  # a model recipe builds its cache once, here
+            start_ranks(out_dir, processes, threads)
+            summary = out_dir / "summary.json"
+            return json.loads(summary.read_text()) if summary.is_file() else {}
+        if threads:
+            torch.set_num_threads(threads)
+        return fit(cfg, checked, out_dir)
+
+
+class RankFailed(RuntimeError):
+    """A worker rank failed; the agent stopped the others."""
+
+
+def start_ranks(out_dir: Path, processes: int, threads: int, module: str = "creditlab.launch") -> None:
+    """Run ``processes`` ranks of the run in ``out_dir`` on this machine as workers of an elastic
+    agent (``python -m <module> <out_dir>`` each, with ``threads`` torch threads); return when all
+    finished.
+
+    Raises:
+        RankFailed: A worker failed (the agent stopped the others); the message names it.
+    """
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=f"creditlab-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"is_host": True},
+        max_restarts=0, monitor_interval=0.5,
+    )
+    saved = {k: os.environ.get(k) for k in WORKER_ENV}
+    os.environ.update(OMP_NUM_THREADS=str(threads), CREDITLAB_THREADS=str(threads))
+    try:
+        elastic_launch(config, sys.executable)("-m", module, str(out_dir))
+    except ChildFailedError as exc:
+        failures = "; ".join(
+            f"rank {rank} exited with code {f.exitcode}" for rank, f in sorted(exc.failures.items())
+        )
+        raise RankFailed(f"{failures}; the other ranks were stopped") from None
     finally:
-        watcher.done.set()
-        if not ok:  # say which rank went first, if one did (rank 0 then fails in a collective)
-            for rank, proc in enumerate(procs, start=1):
-                if proc.poll():
-                    print(f"creditlab: error: rank {rank} exited with code {proc.returncode}",
-                          file=sys.stderr, flush=True)
-            _terminate(procs)
-        _leave_process_group()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    deadline = time.monotonic() + 300
-    codes = [proc.wait(timeout=max(deadline - time.monotonic(), 1)) for proc in procs]
-    failed = [f"rank {r} exited with code {c}" for r, c in enumerate(codes, start=1) if c]
-    if failed:
-        raise RuntimeError("; ".join(failed))
-
-
-def _leave_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry of ranks 1..N-1: ``python -m creditlab.launch <run_dir>``."""
-    from omegaconf import OmegaConf
-
+    """Entry of a worker rank: ``python -m creditlab.launch <run_dir>`` (started by
+    :func:`start_ranks`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         sys.exit("usage: python -m creditlab.launch RUN_DIR (started by creditlab train)")
     out_dir = Path(args[0])
-    import torch
-
-    from creditlab.runner import fit
-    from creditlab.train import validate
-
     cfg = OmegaConf.load(out_dir / "config.yaml")
-    checked = validate(cfg)
     torch.set_num_threads(int(os.environ.get("CREDITLAB_THREADS", "1")))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    fit(cfg, checked, out_dir)
+    fit(cfg, validate(cfg), out_dir)
 
 
 if __name__ == "__main__":

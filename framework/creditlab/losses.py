@@ -37,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from creditlab.registry import ConfigError
+from creditlab.errors import ConfigError
 
 MODES = ("reinforce", "clip")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -46,6 +47,14 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 #: The log-ratio is clamped to ±this before ``exp`` in the clipped surrogate (as verl does), so an
 #: extreme mismatch cannot overflow to ``inf``. It changes nothing for |log ρ| <= 20.
 LOG_RATIO_CLAMP = 20.0
+#: How each metric of :func:`policy_loss` combines over micro-batches, mini-batches and ranks:
+#: ``sum`` (an additive share of the mini-batch value) or ``max``.
+LOSS_METRICS = {
+    "loss": "sum", "pg_loss": "sum", "clip_frac": "sum", "dual_clip_frac": "sum",
+    "ratio_mean": "sum", "ratio_max": "max", "kl": "sum",
+    "backend/logprob_abs_diff_mean": "sum", "backend/logprob_abs_diff_max": "max",
+    "backend/logprob_kl": "sum", "backend/tis_weight_mean": "sum", "backend/tis_clip_frac": "sum",
+}
 
 
 @dataclass
@@ -298,8 +307,6 @@ class MiniBatchStats:
 
         A collective: every rank must call it, with the stats of its own shard.
         """
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return self
         device = None
@@ -392,13 +399,13 @@ def policy_loss(
         ``(loss, metrics)``. ``loss`` is the contribution (see :func:`aggregate`). Metrics are
         detached scalars, each this micro-batch's *additive share* of the mini-batch value (token
         means over ``stats.num_tokens``, not multiplied by ``world_size``): sum them over all
-        micro-batches and all ranks. Exception: ``*_max`` keys combine by max. Keys: ``loss``
+        micro-batches and all ranks, except the maxima (:data:`LOSS_METRICS`). Keys: ``loss``
         (the loss at the configured aggregation), ``pg_loss`` (without KL, token mean),
         ``clip_frac`` (trust-region clipped tokens), ``dual_clip_frac``, ``ratio_mean``,
         ``ratio_max``, and ``kl`` (token-mean KL estimate) when ``ref_logprobs`` is given. With
         ``engine_logprobs`` (``d = log π_engine - log π_old`` per trained token):
         ``backend/logprob_abs_diff_mean`` (token mean of ``|d|``), ``backend/logprob_abs_diff_max``
-        (combines by max, as every ``*_max`` key), ``backend/logprob_kl`` (token mean of the k3
+        (combines by max), ``backend/logprob_kl`` (token mean of the k3
         estimate of KL(π_engine ‖ π_old), the tokens being samples of the engine); with
         ``tis_cap`` also ``backend/tis_weight_mean`` and ``backend/tis_clip_frac`` (tokens whose
         weight was capped).

@@ -1,8 +1,8 @@
 """The RL step as a LightningModule: rollouts -> rewards -> segments -> advantages -> update.
 
-The step never branches on the method: every estimator receives the same
-:class:`~creditlab.types.RolloutBatch` and :class:`~creditlab.interfaces.PolicyHandle`, every reset
-selector the same failed trajectories (through the planner). A method is a config preset.
+The step never branches on the method: the rollout strategy builds the step's trajectories through
+the run's sampler, every estimator receives the same :class:`~creditlab.types.RolloutBatch` and
+:class:`~creditlab.interfaces.PolicyHandle`. A method is a config preset.
 
 Randomness is a pure function of ``(seed, rl_step, rank)``: a run resumed from a checkpoint draws
 the same prompts and samples as an uninterrupted one.
@@ -24,25 +24,59 @@ import torch
 
 from creditlab.credit import CreditMetrics
 from creditlab.distributed import (
-    all_max, all_sum, gather_floats, gradient_sync, rank_and_world, reduce_metrics, shard,
+    all_max,
+    all_sum,
+    gather_floats,
+    gradient_sync,
+    rank_and_world,
+    reduce_metrics,
+    shard,
 )
+from creditlab.errors import RegistryError
 from creditlab.evaluation import EvalConfig, evaluate
-from creditlab.interfaces import AdvantageEstimator, GenerationBackend, Segmenter, Verifier
-from creditlab.losses import LossConfig, MiniBatchStats, entropy_from_logits, gather_logprobs, policy_loss
+from creditlab.forward import response_logits as shared_prompt_logits
+from creditlab.interfaces import (
+    AdvantageEstimator,
+    GenerationBackend,
+    Part,
+    ResetSelector,
+    RolloutStrategy,
+    Segmenter,
+    Verifier,
+)
+from creditlab.losses import (
+    LOSS_METRICS,
+    LossConfig,
+    MiniBatchStats,
+    entropy_from_logits,
+    gather_logprobs,
+    policy_loss,
+)
 from creditlab.policy import ModelPolicyHandle
-from creditlab.rollout import RolloutConfig, RolloutPlanner, collate, with_segments
-from creditlab.types import Problem, RolloutBatch
+from creditlab.rollout import RolloutSampler, collate, with_segments
+from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum
 
 
 @dataclass
 class Parts:
-    """The plug-in parts of one run, built through the registries."""
+    """The plug-in parts of one run (built through the registries) and the sampler behind its
+    rollout strategy."""
 
     backend: GenerationBackend
     verifier: Verifier
     segmenter: Segmenter
     advantage: AdvantageEstimator
-    planner: RolloutPlanner
+    rollout: RolloutStrategy
+    sampler: RolloutSampler
+    reset_selector: ResetSelector
+
+    def named(self) -> list[tuple[str, Part | RolloutSampler]]:
+        """``(kind, part)`` of every part whose ``metrics()`` are logged as ``train/<kind>/*``."""
+        return [
+            ("backend", self.backend), ("advantage", self.advantage), ("verifier", self.verifier),
+            ("segmenter", self.segmenter), ("rollout", self.sampler), ("rollout", self.rollout),
+            ("reset_selector", self.reset_selector),
+        ]
 
 
 def step_seed(seed: int, step: int, stream: int = 0, rank: int = 0) -> int:
@@ -51,8 +85,27 @@ def step_seed(seed: int, step: int, stream: int = 0, rank: int = 0) -> int:
     return (seed * 1_000_003 + step * 7_919 + stream * 104_729 + rank * 15_485_863) % (2**63 - 1)
 
 
-#: How the update metrics combine over ranks (others are additive shares: summed).
-UPDATE_OPS = {"train/ratio_max": "max", "train/grad_norm": "mean"}
+class MetricClash(RegistryError):
+    """Two channels of one step wrote the same metric key (a plug-in to fix: reported as one line
+    by ``creditlab train``)."""
+
+
+def merge_metrics(into: dict[str, float], prefix: str, metrics: dict[str, float], source: str,
+                  sources: dict[str, str]) -> None:
+    """Add ``metrics`` under ``prefix`` to ``into``; ``sources`` remembers who wrote each key.
+
+    Raises:
+        MetricClash: A key another channel already wrote (one would silently hide the other).
+    """
+    for key, value in metrics.items():
+        full = f"{prefix}{key}"
+        if full in sources:
+            raise MetricClash(
+                f"metric '{full}' is written by both {sources[full]} and {source}: "
+                "rename one of them (each key has one writer)"
+            )
+        sources[full] = source
+        into[full] = value
 
 
 class CreditAssignmentModule(L.LightningModule):
@@ -61,7 +114,7 @@ class CreditAssignmentModule(L.LightningModule):
     Args:
         model: The policy (``transformers`` causal LM); registered as ``self.policy``.
         tokenizer: Its tokenizer.
-        parts: Backend, verifier, segmenter, estimator and planner.
+        parts: Backend, verifier, segmenter, estimator, rollout strategy, sampler, selector.
         problems_for_step: ``step -> list[Problem]`` (the datamodule's, deterministic in step).
         eval_problems: Held-out problems for periodic evaluation.
         loss: Loss settings; rollout: sampling settings; eval_cfg: evaluation settings.
@@ -149,7 +202,7 @@ class CreditAssignmentModule(L.LightningModule):
         return ModelPolicyHandle(
             self.policy, self.tokenizer, self.parts.backend, rng,
             self.rollout_cfg.temperature, self.loss_cfg.micro_batch_size,
-            rollout_fn=self.parts.planner.sample_and_score,
+            rollout_fn=self.parts.sampler,
         )
 
     def on_train_start(self) -> None:
@@ -176,12 +229,12 @@ class CreditAssignmentModule(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         step, t0 = self.rl_step, time.perf_counter()
         ctx = self.handle(step)
-        self.parts.backend.metrics()  # drop the evaluation's counts: train/backend/* is this step's
+        self.parts.backend.reset_metrics()  # train/backend/* is this step's, not the evaluation's
 
         # 1. Rollouts for this rank's share of the step's prompts (all of them in one process):
-        #    the planner samples groups (and resets), the verifier scores them.
+        #    the rollout strategy places what the sampler generates and the verifier scores.
         problems = shard(self.problems_for_step(step), *rank_and_world())
-        trajectories = self.parts.planner.collect(problems, ctx, seed=self.seed_for(step))
+        trajectories = self.parts.rollout.collect(problems, ctx, self.parts.sampler, self.seed_for(step))
         t_gen = time.perf_counter() - t0
 
         # 2. Pad into tensors, segment, estimate per-token advantages.
@@ -197,7 +250,7 @@ class CreditAssignmentModule(L.LightningModule):
 
         # 4. Sync generation weights, then log the global metrics (rank 0 writes them).
         self.parts.backend.load_weights(None)
-        generated = self.parts.planner.take_generated_tokens() + ctx.generated_tokens
+        generated = self.parts.sampler.take_generated_tokens() + ctx.generated_tokens
         metrics = self.step_metrics(rollout, generated)
         metrics.update(update_metrics)
         metrics.update(reduce_metrics(self.part_metrics(rollout, advantages), weight=rollout.size))
@@ -233,7 +286,8 @@ class CreditAssignmentModule(L.LightningModule):
             for rows in torch.tensor_split(order, n_mini)
         ]
         tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
-        sums: dict[str, float] = {}
+        sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
+        maxima: dict[str, float] = {}
         for rows, stats in minis:
             chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
             n_chunks = int(all_max([len(chunks)])[0])
@@ -242,16 +296,19 @@ class CreditAssignmentModule(L.LightningModule):
                 with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
                     parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
                 self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
-                for k, v in parts.items():  # shares of the mini-batch value: sum, mean over minis
-                    if k.endswith("_max"):  # maxima combine by max
-                        sums[f"train/{k}"] = max(sums.get(f"train/{k}", 0.0), v)
+                for k, v in parts.items():
+                    if LOSS_METRICS[k] == "max":
+                        maxima[f"train/{k}"] = max(maxima.get(f"train/{k}", 0.0), v)
                     else:
                         self._add(sums, f"train/{k}", v / n_mini)
-            self._add(sums, "train/grad_norm", self.clip_gradients_and_norm() / n_mini)
+            grad_norm = self.clip_gradients_and_norm()
+            self._add(sums, "train/grad_norm", grad_norm / n_mini)
             opt.step()
             opt.zero_grad(set_to_none=True)
-        ops = {k: "max" if k.endswith("_max") else UPDATE_OPS.get(k, "sum") for k in sums}
-        return reduce_metrics(sums, weight=1.0, ops=ops)
+        out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
+        out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
+        out.update({k: Max(v) for k, v in maxima.items()})
+        return reduce_metrics(out, weight=1.0)
 
     def backward_rows(
         self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
@@ -300,11 +357,9 @@ class CreditAssignmentModule(L.LightningModule):
         Each distinct prompt among ``rows`` is run once and its KV cache shared by the rows (see
         :func:`creditlab.forward.response_logits`); equal to the plain forward's logits.
         """
-        from creditlab.forward import response_logits
-
         model = model if model is not None else self.policy
         ids, mask = rollout.input_ids[rows], rollout.attention_mask[rows]
-        return response_logits(model, ids, mask, rollout.prompt_len)
+        return shared_prompt_logits(model, ids, mask, rollout.prompt_len)
 
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:
@@ -347,15 +402,18 @@ class CreditAssignmentModule(L.LightningModule):
             "train/tokens_generated": generated,
         }
 
-    def part_metrics(self, rollout: RolloutBatch, advantages: Any) -> dict[str, float]:
-        """This rank's estimator, credit and part metrics (``train/<kind>/<key>``)."""
-        out = {f"train/advantage/{k}": v for k, v in advantages.metrics.items()}
-        out.update({f"train/credit/{k}": v for k, v in self.credit(rollout, advantages.values).items()})
-        for kind, part in (
-            ("backend", self.parts.backend), ("advantage", self.parts.advantage),
-            ("verifier", self.parts.verifier), ("segmenter", self.parts.segmenter),
-            ("rollout", self.parts.planner), ("reset_selector", self.parts.planner.reset_selector),
-        ):
-            if part is not None:
-                out.update({f"train/{kind}/{k}": v for k, v in part.metrics().items()})
+    def part_metrics(self, rollout: RolloutBatch, advantages: Advantages) -> dict[str, float]:
+        """This rank's estimator, credit and part metrics (``train/<kind>/<key>``).
+
+        Raises:
+            MetricClash: Two channels wrote one key (e.g. an estimator's ``Advantages.metrics``
+                and its ``metrics()``).
+        """
+        out: dict[str, float] = {}
+        sources: dict[str, str] = {}
+        name = type(self.parts.advantage).__name__
+        merge_metrics(out, "train/advantage/", dict(advantages.metrics), f"{name}.estimate()", sources)
+        merge_metrics(out, "train/credit/", self.credit(rollout, advantages.values), "CreditMetrics", sources)
+        for kind, part in self.parts.named():
+            merge_metrics(out, f"train/{kind}/", part.metrics(), f"{type(part).__name__}.metrics()", sources)
         return out

@@ -12,7 +12,6 @@ hides every third-party entry point.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import importlib.util
 import os
@@ -22,29 +21,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
+from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.interfaces import INTERFACES, Part
 
 BUILTIN_DIST = "creditlab"
 AUTOLOAD_ENV = "CREDITLAB_DISABLE_PLUGIN_AUTOLOAD"
 T = TypeVar("T")
-
-
-class RegistryError(LookupError):
-    """An unknown, clashing or broken plug-in. The message says what would be right."""
-
-
-class InputError(ValueError):
-    """Bad user input (config, data, prompts). Reported as one clear message, no traceback."""
-
-
-class ConfigError(InputError):
-    """A config key or value that does not fit a part's ``Config``."""
-
-
-def closest(name: str, options: list[str]) -> str | None:
-    """The closest option to ``name`` by edit similarity, or None."""
-    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return match[0] if match else None
 
 
 @dataclass(frozen=True)

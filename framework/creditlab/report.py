@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from creditlab.compare import TESTED, Comparison, GroupStats, Test
 from creditlab.rundirs import AXES, REWARD
 from creditlab.stats import MeanCI
@@ -69,18 +74,14 @@ def _threshold(c: Comparison) -> str:
 
 def plot_curves(c: Comparison, out: Path) -> list[Path]:
     """One PNG per x-axis: evaluation metric (left) and train reward (right), mean ± 95% CI."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     colors = {g.label: f"C{i % 10}" for i, g in enumerate(c.groups)}
     written = []
     for axis, name in PLOT_FILES.items():
         panels = [(c.settings["metric"], f"held-out {c.settings['metric']}"), (REWARD, "train reward (mean of the last 10 steps)")]
         if not any(c.curves[(axis, m)] for m, _ in panels):
             continue
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig = Figure(figsize=(11, 4))  # no pyplot: no global figure state, no GUI backend
+        axes = fig.subplots(1, 2)
         for ax, (metric, title) in zip(axes, panels):
             for label, b in c.curves[(axis, metric)].items():
                 style = "-" if b.interpolated or len(b.x) > 12 else "o-"
@@ -94,16 +95,16 @@ def plot_curves(c: Comparison, out: Path) -> list[Path]:
         fig.suptitle("mean over seeds, shaded: 95% t-interval", fontsize=9)
         fig.tight_layout()
         fig.savefig(out / name, dpi=100)
-        plt.close(fig)
         written.append(out / name)
     if any(g.used for g in c.groups):
-        written.append(_plot_final(c, out / FINAL_PLOT, colors, plt))
+        written.append(_plot_final(c, out / FINAL_PLOT, colors))
     return written
 
 
-def _plot_final(c: Comparison, path: Path, colors: dict[str, str], plt: Any) -> Path:
+def _plot_final(c: Comparison, path: Path, colors: dict[str, str]) -> Path:
     """Per-seed final accuracy (dots, seed labelled) with the group mean and 95% CI (bar)."""
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(c.groups) + 2), 3.6))
+    fig = Figure(figsize=(max(4.0, 1.3 * len(c.groups) + 2), 3.6))
+    ax = fig.subplots()
     for i, g in enumerate(c.groups):
         vals = g.values.get("final", [])
         for j, (seed, v) in enumerate(vals):
@@ -119,7 +120,6 @@ def _plot_final(c: Comparison, path: Path, colors: dict[str, str], plt: Any) -> 
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
@@ -283,10 +283,6 @@ def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
 
 def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) -> None:
     """Groups, tests and warnings as rich tables on the terminal."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
     console = console or Console(width=160)
     for title, (header, rows) in (("creditlab compare", group_rows(c)),
                                   (f"against baseline '{c.baseline}'", test_rows(c))):

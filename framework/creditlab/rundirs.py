@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab.registry import closest
+import yaml
+
+from creditlab.errors import closest
 
 #: x-axes of the learning curves: metric key -> label. ``step`` is the RL step.
 AXES = {
@@ -200,8 +202,6 @@ def _classify(run: Run, status: dict[str, Any] | None, has_summary: bool) -> Non
 
 def load_run(path: Path) -> Run:
     """Read one run directory and classify it (see :class:`Run`)."""
-    import yaml
-
     run = Run(path=path, name=path.name)
     cfg_path = path / "config.yaml"
     notes = []
@@ -256,7 +256,7 @@ def assign_groups(runs: list[Run], keys: list[str]) -> list[str]:
             hint = closest(key, known)
             raise CompareError(
                 f"--by {key}: no run has config key '{key}'." + (f" Did you mean '{hint}'?" if hint else "")
-                + " Use dotted config keys such as method, advantage.std or rollout.resets."
+                + " Use dotted config keys such as method, advantage.std or rollout.split."
             )
         if missing:
             warnings.append(f"--by {key}: missing from the config of {', '.join(missing)}; grouped as '(missing)'")

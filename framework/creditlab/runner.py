@@ -1,4 +1,5 @@
-"""Assemble a run from validated config sections and fit it with Lightning."""
+"""One rank's run: build the model, the parts, the data and the module from validated config
+sections, fit them with a ``lightning.Trainer``, and (rank 0) summarize the run directory."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import copy
 import hashlib
 import json
 import logging
-import os
-import socket
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,15 +16,15 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
+from creditlab.config import build_parts
 from creditlab.datamodule import TaskDataModule
-from creditlab.launch import local_ranks
 from creditlab.loggers import JsonlLogger, read_metrics
+from creditlab.models import is_peft, load_policy
 from creditlab.module import CreditAssignmentModule, Parts
-from creditlab.policy import is_peft, load_policy
-from creditlab.rollout import RolloutPlanner
-from creditlab.train import build_parts
+from creditlab.rollout import RolloutSampler
 
 log = logging.getLogger(__name__)
 
@@ -77,49 +75,9 @@ def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: A
     return loggers
 
 
-@rank_zero_only
-def write_status(out_dir: Path, status: str, started: str, error: BaseException | None = None) -> None:
-    """Write ``<out_dir>/status.json`` atomically: ``running``, ``finished`` or ``failed``.
-
-    ``creditlab compare`` reads it to tell a crashed run (``failed``, with the exception) from one
-    still running or killed (``running`` with a pid that is, or is no longer, alive on ``host``).
-    """
-    state: dict[str, Any] = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
-    if status != "running":
-        state["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    if error is not None:
-        state["error"] = {"type": type(error).__name__, "message": str(error)}
-    tmp = out_dir / "status.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, out_dir / "status.json")
-
-
-def fit(
-    cfg: DictConfig, checked: dict[str, Any], out_dir: Path, processes: int = 1, threads: int = 1
-) -> dict[str, Any]:
-    """Fit as configured (see ``_fit``), recording the run's state in ``status.json``.
-
-    With ``processes > 1`` this process is rank 0 and starts the other ranks of this machine
-    (:func:`creditlab.launch.local_ranks`), each with ``threads`` torch threads.
-    """
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    write_status(out_dir, "running", started)
-
-    def child_failed(message: str) -> None:
-        write_status(out_dir, "failed", started, RuntimeError(message))
-
-    try:
-        with local_ranks(out_dir, processes, threads, on_failure=child_failed):
-            summary = _fit(cfg, checked, out_dir)
-    except BaseException as exc:
-        write_status(out_dir, "failed", started, exc)
-        raise
-    write_status(out_dir, "finished", started)
-    return summary
-
-
-def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Build model, parts, data, module and trainer; fit; return the last logged metrics."""
+def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Build model, parts, data, module and trainer; fit; return the run's summary (rank 0; other
+    ranks return ``{}``). One process of the run: :mod:`creditlab.launch` decides how many."""
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
@@ -129,13 +87,14 @@ def _fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, A
     reference = None
     if loss.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
-    planner = RolloutPlanner(rollout, parts["backend"], parts["verifier"], parts["reset_selector"])
+    sampler = RolloutSampler(rollout, parts["backend"], parts["verifier"])
     steps = int(cfg.trainer.max_steps)
     data = TaskDataModule(parts["task"], run_cfg.prompts_per_step, steps, run_cfg.seed)
     data.train_problems  # load and check both splits now: bad data fails before training starts
     module = CreditAssignmentModule(
         model, tokenizer,
-        Parts(parts["backend"], parts["verifier"], parts["segmenter"], parts["advantage"], planner),
+        Parts(parts["backend"], parts["verifier"], parts["segmenter"], parts["advantage"],
+              parts["rollout"], sampler, parts["reset_selector"]),
         data.problems_for_step, data.test_problems, loss, rollout, eval_cfg,
         instantiate(cfg.optim, _partial_=True), run_cfg.seed, run_cfg.grad_clip, reference,
     )
@@ -215,12 +174,8 @@ def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
 
 
 def _plot(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))  # no pyplot: no global figure state, no GUI backend
+    ax = fig.subplots()
     ax.plot([r["step"] for r in train], [r["train/reward/mean"] for r in train], label="train reward", alpha=0.6)
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval/pass@1"] for r in evals], "o-", label="held-out pass@1 (greedy)")
@@ -234,7 +189,6 @@ def _plot(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) 
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

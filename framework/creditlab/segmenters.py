@@ -7,6 +7,8 @@ partition ``[0, length)`` exactly, where ``length = response_mask[i].sum()``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from creditlab.generation import completion_spans
 from creditlab.interfaces import Segmenter
 from creditlab.types import RolloutBatch, Segments, Spans
 
@@ -69,8 +71,6 @@ class ThoughtSegmenter(WholeSegmenter):
     Config = ThoughtSegmenterConfig
 
     def segment(self, batch: RolloutBatch) -> Segments:
-        from creditlab.generation import completion_spans
-
         if self.tokenizer is None:
             raise ValueError("the 'thought' segmenter needs the policy's tokenizer")
         delimiter_ids = tuple(self.tokenizer.encode(self.config.delimiter, add_special_tokens=False))

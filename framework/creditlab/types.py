@@ -1,15 +1,17 @@
-"""Data that crosses interfaces. Frozen dataclasses; tensor shapes are in the docstrings.
+"""Data that crosses interfaces: frozen dataclasses (tensor shapes in the docstrings), the rollout
+settings every part may read, and typed metric values.
 
-Coordinates: a trajectory's *response* is every token after the prompt, including a reset prefix
-copied from a seed trajectory. Response positions are 0-based; ``trainable_from`` is the first
-response position that is trained on (0 normally, the prefix length for reset suffixes).
+Coordinates: a trajectory's *response* is every token after the prompt, including a prefix the
+rollout strategy copied from another trajectory. Response positions are 0-based;
+``trainable_from`` is the first response position that is trained on (0 normally, the copied
+prefix's length for a continuation that trains only on what it generated).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -117,8 +119,9 @@ class Trajectory:
         reward: Scalar reward from the verifier.
         group_id: Advantage group (trajectories compared with one another share it).
         trainable_from: First trainable response position (0, or the reset prefix length).
-        role: ``"base"`` (fresh chain), ``"reset"`` (suffix from a seed's prefix) or ``"seed"``.
-        info: Verifier info and planner annotations (e.g. reset position).
+        role: A label set by the rollout strategy: ``"base"`` for a fresh chain (the ``plain``
+            strategy's only role); strategies that build trees add their own (e.g. ``"reset"``).
+        info: Verifier info and the rollout strategy's annotations.
     """
 
     problem: Problem
@@ -143,12 +146,12 @@ class Segments:
 
 @dataclass(frozen=True)
 class ResetPoint:
-    """Where to reset a failed trajectory.
+    """Where to reset a failed trajectory (a :class:`~creditlab.interfaces.ResetSelector`'s answer).
 
     Attributes:
         segment: 0-based index of the segment to regenerate from (the prefix is every segment
             before it), or ``None`` for "no reset".
-        info: Selector diagnostics (e.g. parse failure, raw localization text).
+        info: Selector diagnostics (e.g. parse failure, raw model answer).
     """
 
     segment: int | None
@@ -205,3 +208,142 @@ class Advantages:
 
     values: torch.Tensor
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout settings (the ``rollout`` config section's core keys)
+# ---------------------------------------------------------------------------------------------
+TRUNCATION_POLICIES = ("keep", "mask", "penalize")
+
+
+@dataclass
+class ThoughtConfig:
+    """Thought-level generation settings (:func:`creditlab.generation.generate_thoughts`).
+
+    Attributes:
+        delimiter: Text ending a thought; a stop string of each round, kept in the tokens.
+        max_thoughts: At most this many thoughts per response, thoughts of a request's prefix
+            included (a prefix ending mid-thought: that thought counts once it is finished).
+        max_thought_tokens: Token cap of one thought; a thought hitting it without the delimiter
+            still counts as a thought.
+        final_marker: A thought whose text contains it ends the response (``""`` disables).
+    """
+
+    delimiter: str = "</thought>"
+    max_thoughts: int = 20
+    max_thought_tokens: int = 256
+    final_marker: str = "\\boxed{"
+
+
+@dataclass
+class RolloutConfig:
+    """How completions are sampled and turned into trainable rows: the ``rollout`` section's
+    core keys (the chosen rollout strategy adds its own keys to the same section).
+
+    Attributes:
+        group_size: Trainable completions per prompt (G; the budget a strategy fills).
+        temperature, top_p, top_k: Sampling settings for training rollouts.
+        max_new_tokens: Response budget for plain generation.
+        thoughts: Generate thought by thought (METHODS.md §2) instead of in one call.
+        delimiter, max_thoughts, max_thought_tokens, final_marker: Thought generation settings.
+        truncation: Completions that hit the budget: ``keep`` (train as is), ``mask`` (no loss on
+            them) or ``penalize`` (reward replaced by ``truncation_reward``).
+        truncation_reward: Reward given to truncated completions under ``penalize``.
+        success_reward: A chain with at least this reward is correct, for every part that asks
+            (credit metrics, rollout strategies, estimators that contrast outcomes).
+    """
+
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    thoughts: bool = False
+    delimiter: str = "</thought>"
+    max_thoughts: int = 20
+    max_thought_tokens: int = 256
+    final_marker: str = "\\boxed{"
+    truncation: str = "keep"
+    truncation_reward: float = 0.0
+    success_reward: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
+        if self.truncation not in TRUNCATION_POLICIES:
+            raise ValueError(
+                f"rollout.truncation must be one of {TRUNCATION_POLICIES}, got '{self.truncation}'"
+            )
+
+    def sampling(self, seed: int | None) -> SamplingParams:
+        """The training rollouts' :class:`SamplingParams`, seeded with ``seed``."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            seed=seed,
+        )
+
+    @property
+    def thought_config(self) -> ThoughtConfig:
+        return ThoughtConfig(
+            delimiter=self.delimiter,
+            max_thoughts=self.max_thoughts,
+            max_thought_tokens=self.max_thought_tokens,
+            final_marker=self.final_marker,
+        )
+
+    @property
+    def response_budget(self) -> int:
+        """The most response tokens one completion can have (Dr. GRPO's constant)."""
+        if self.thoughts:
+            return self.max_thoughts * self.max_thought_tokens
+        return self.max_new_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Metric values that say how they combine over data-parallel ranks
+# ---------------------------------------------------------------------------------------------
+class Metric(float):
+    """A metric value (a ``float``) that says how it combines over data-parallel ranks.
+
+    Parts return these from ``metrics()`` (and estimators in :attr:`Advantages.metrics`); a plain
+    ``float`` counts as a :class:`Mean`. The reduction is a property of the value's type, never
+    of the key's spelling. Arithmetic on them gives plain floats: wrap the final value.
+    """
+
+    reduce: ClassVar[str] = "mean"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({float(self)!r})"
+
+
+class Sum(Metric):
+    """A count or a total: summed over ranks (e.g. groups, tokens, calls)."""
+
+    reduce = "sum"
+
+
+class Mean(Metric):
+    """A rate or a mean: averaged over ranks, weighted by each rank's rows."""
+
+    reduce = "mean"
+
+
+class Max(Metric):
+    """A maximum over ranks."""
+
+    reduce = "max"
+
+
+class Min(Metric):
+    """A minimum over ranks."""
+
+    reduce = "min"
+
+
+def reduction(value: float) -> str:
+    """How ``value`` combines over ranks: its :class:`Metric` type's ``reduce``, ``"mean"`` for a
+    plain float."""
+    return value.reduce if isinstance(value, Metric) else "mean"

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditlab.interfaces import Task
-from creditlab.types import Problem
+from creditlab import Problem, Task
 
 #: The supported operators (applied left to right, one per step).
 OPS = "+-*"

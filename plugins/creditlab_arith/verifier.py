@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from creditlab.interfaces import Verifier
-from creditlab.types import Completion, Problem, Rewards
+from creditlab import Completion, Mean, Problem, Rewards, Sum, Verifier
+
 from creditlab_arith.task import last_boxed, parse_int
 
 OUTCOMES = ("correct", "wrong", "no_answer")
@@ -55,8 +55,8 @@ class ArithVerifier(Verifier):
     def metrics(self) -> dict[str, float]:
         """Outcome rates (``<outcome>_rate``) and ``scored`` count since the last call; resets."""
         total = sum(self._counts.values())
-        out = {"scored": float(total)}
+        out: dict[str, float] = {"scored": Sum(total)}
         if total:
-            out.update({f"{k}_rate": self._counts[k] / total for k in OUTCOMES})
+            out.update({f"{k}_rate": Mean(self._counts[k] / total) for k in OUTCOMES})
         self._counts.clear()
         return out

@@ -30,9 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditlab.interfaces import Task
-from creditlab.registry import ConfigError
-from creditlab.types import Problem
+from creditlab import ConfigError, Problem, Task
 from creditlab_math.tasks import TaskDataError, _split_file, read_rows
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")

@@ -21,9 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from creditlab.interfaces import Verifier
-from creditlab.registry import ConfigError
-from creditlab.types import Completion, Problem, Rewards
+from creditlab import Completion, ConfigError, Max, Mean, Problem, Rewards, Sum, Verifier
 
 from creditlab_code.extract import extract_code
 from creditlab_code.sandbox import MODES, Limits, Sandbox, SandboxError, SandboxResult
@@ -190,17 +188,17 @@ class CodeTestsVerifier(Verifier):
         """Since the last call: ``scored``, ``<outcome>_count``/``_rate`` for every outcome,
         ``tests_passed_rate``, ``denied_ops``, ``sandbox_s_mean``/``_max``, ``namespaces``."""
         total = sum(self._counts.values())
-        out = {"scored": float(total)}
+        out: dict[str, float] = {"scored": Sum(total)}
         for outcome in OUTCOMES:
-            out[f"{outcome}_count"] = float(self._counts[outcome])
-            out[f"{outcome}_rate"] = self._counts[outcome] / total if total else 0.0
+            out[f"{outcome}_count"] = Sum(self._counts[outcome])
+            out[f"{outcome}_rate"] = Mean(self._counts[outcome] / total if total else 0.0)
         tests = self._sums["tests_total"]
-        out["tests_passed_rate"] = self._sums["tests_passed"] / tests if tests else 0.0
-        out["denied_ops"] = float(self._sums["denied_ops"])
+        out["tests_passed_rate"] = Mean(self._sums["tests_passed"] / tests if tests else 0.0)
+        out["denied_ops"] = Sum(self._sums["denied_ops"])
         runs = self._sums["sandbox_runs"]
-        out["sandbox_s_mean"] = self._sums["sandbox_s"] / runs if runs else 0.0
-        out["sandbox_s_max"] = self._max_seconds
-        out["namespaces"] = float(self.plan["name"] == "namespaces")
+        out["sandbox_s_mean"] = Mean(self._sums["sandbox_s"] / runs if runs else 0.0)
+        out["sandbox_s_max"] = Max(self._max_seconds)
+        out["namespaces"] = Max(self.plan["name"] == "namespaces")  # a flag: 1 when namespaces isolate
         self._counts.clear()
         self._sums.clear()
         self._max_seconds = 0.0

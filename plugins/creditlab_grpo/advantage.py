@@ -16,10 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from creditlab.advantages import STD_OPTIONS, broadcast, group_advantages
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.registry import ConfigError
-from creditlab.types import Advantages, RolloutBatch
+from creditlab import (
+    STD_OPTIONS,
+    AdvantageEstimator,
+    Advantages,
+    ConfigError,
+    Mean,
+    PolicyHandle,
+    RolloutBatch,
+    broadcast,
+    group_advantages,
+)
 
 
 def _validate(cfg: GRPOAdvantage.Config | DrGRPOAdvantage.Config) -> None:
@@ -51,10 +58,6 @@ class GRPOAdvantage(AdvantageEstimator):
         def __post_init__(self) -> None:
             _validate(self)
 
-    def __init__(self, config: Config | None = None) -> None:
-        super().__init__(config)
-        self._totals: dict[str, float] = {}
-
     def estimate(self, batch: RolloutBatch, ctx: PolicyHandle | None = None) -> Advantages:
         """Advantages of ``batch``.
 
@@ -73,15 +76,8 @@ class GRPOAdvantage(AdvantageEstimator):
             batch.rewards, batch.group_ids, cfg.std, cfg.eps, cfg.zero_std_tol
         )
         adv = adv.to(batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else adv.dtype)
-        metrics["abs_mean"] = float(adv.abs().mean()) if adv.numel() else 0.0
-        for key in ("groups", "zero_std_groups", "singleton_groups"):
-            self._totals[key] = self._totals.get(key, 0.0) + metrics[key]
+        metrics["abs_mean"] = Mean(float(adv.abs().mean()) if adv.numel() else 0.0)
         return Advantages(values=broadcast(adv, batch.loss_mask), metrics=metrics)
-
-    def metrics(self) -> dict[str, float]:
-        """Group counts summed over the ``estimate`` calls since the last call (then reset)."""
-        out, self._totals = self._totals, {}
-        return out
 
 
 class DrGRPOAdvantage(GRPOAdvantage):

@@ -50,11 +50,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from creditlab import (
+    STD_OPTIONS,
+    AdvantageEstimator,
+    Advantages,
+    ConfigError,
+    GenerationRequest,
+    Mean,
+    PolicyHandle,
+    RolloutBatch,
+    Sum,
+    Trajectory,
+    group_advantages,
+)
 
-from creditlab.advantages import STD_OPTIONS, group_advantages
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.registry import ConfigError
-from creditlab.types import Advantages, GenerationRequest, RolloutBatch, Trajectory
 from creditlab_ibpo.align import align, similarity, token_matches
 
 log = logging.getLogger(__name__)
@@ -110,16 +119,18 @@ def _summarize(c: dict[str, float], mode: str) -> dict[str, float]:
     def ratio(a: float, b: float) -> float:
         return a / b if b else 0.0
 
-    out = {k: c[k] for k in ("groups", "zero_std_groups", "singleton_groups", "fallback_groups",
-                             "mixed_groups", "aligned_pairs", "weighted_rows", "weighted_tokens")}
+    out: dict[str, float] = {
+        k: Sum(c[k]) for k in ("groups", "zero_std_groups", "singleton_groups", "fallback_groups",
+                               "mixed_groups", "aligned_pairs", "weighted_rows", "weighted_tokens")
+    }
     out.update(
-        abs_mean=ratio(c["abs_sum"], c["rows"]),
-        divergent_frac=ratio(c["divergent_tokens"], c["weighted_tokens"]),
-        divergent_mass_frac=ratio(c["divergent_mass"], c["abs_mass"]),
+        abs_mean=Mean(ratio(c["abs_sum"], c["rows"])),
+        divergent_frac=Mean(ratio(c["divergent_tokens"], c["weighted_tokens"])),
+        divergent_mass_frac=Mean(ratio(c["divergent_mass"], c["abs_mass"])),
     )
     if mode == "repair":
-        out.update({k: c[k] for k in _REPAIR_KEYS})
-        out["repair_correct_rate"] = ratio(c["repair_correct"], c["repair_requests"])
+        out.update({k: Sum(c[k]) for k in _REPAIR_KEYS})
+        out["repair_correct_rate"] = Mean(ratio(c["repair_correct"], c["repair_requests"]))
     return out
 
 
@@ -177,13 +188,11 @@ class IBPOAdvantage(AdvantageEstimator):
 
     def __init__(self, config: Config | None = None) -> None:
         super().__init__(config)
-        self._totals = dict.fromkeys(_COUNTS, 0.0)
         self._call = dict.fromkeys(_COUNTS, 0.0)
 
     def _add(self, key: str, value: float) -> None:
-        """Count into this call's metrics and the totals since the last :meth:`metrics`."""
+        """Count into this call's metrics."""
         self._call[key] += float(value)
-        self._totals[key] += float(value)
 
     # -------------------------------------------------------------------------- estimator
     def estimate(self, batch: RolloutBatch, ctx: PolicyHandle) -> Advantages:
@@ -199,7 +208,14 @@ class IBPOAdvantage(AdvantageEstimator):
         Returns:
             ``Advantages`` with values (B, T) (dtype of ``loss_mask``): ``A_i * w_t * L_i /
             sum_s w_s`` on trained tokens of rows in mixed groups, ``A_i`` on those of other
-            rows, exactly 0 where ``loss_mask`` is 0; metrics as :meth:`metrics`, for this batch.
+            rows, exactly 0 where ``loss_mask`` is 0. Metrics of this batch: GRPO's ``groups``,
+            ``zero_std_groups``, ``singleton_groups``, ``abs_mean`` (mean |A_i|);
+            ``fallback_groups`` (single-outcome groups, plain GRPO), ``mixed_groups``,
+            ``aligned_pairs``; over the trained tokens of rows with a divergence mask,
+            ``weighted_rows``, ``weighted_tokens``, ``divergent_frac`` (fraction marked divergent)
+            and ``divergent_mass_frac`` (fraction of |advantage| on them); in ``repair`` mode also
+            ``repair_requests``, ``repair_failures``, ``repair_unchanged``, ``repair_tokens``
+            (generated) and ``repair_correct_rate``.
         """
         cfg = self.config
         self._call = dict.fromkeys(_COUNTS, 0.0)
@@ -362,15 +378,3 @@ class IBPOAdvantage(AdvantageEstimator):
         self._add("divergent_mass", float(values.abs()[rows & div].sum()))
         dtype = batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else torch.float32
         return values.to(dtype=dtype, device=batch.loss_mask.device)
-
-    def metrics(self) -> dict[str, float]:
-        """Since the last call (then reset): GRPO's ``groups``, ``zero_std_groups``,
-        ``singleton_groups``, ``abs_mean`` (mean |A_i|); ``fallback_groups`` (single-outcome
-        groups, plain GRPO), ``mixed_groups``, ``aligned_pairs``; over the trained tokens of rows
-        with a divergence mask, ``weighted_rows``, ``weighted_tokens``, ``divergent_frac``
-        (fraction marked divergent) and ``divergent_mass_frac`` (fraction of |advantage| on
-        them); in ``repair`` mode also ``repair_requests``, ``repair_failures``,
-        ``repair_unchanged``, ``repair_tokens`` (generated) and ``repair_correct_rate``."""
-        out = _summarize(self._totals, self.config.mode)
-        self._totals = dict.fromkeys(_COUNTS, 0.0)
-        return out

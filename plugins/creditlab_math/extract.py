@@ -6,7 +6,6 @@ Pure Python, no dependencies: safe to import in the parent process and in verifi
 from __future__ import annotations
 
 import re
-from collections import Counter
 from fractions import Fraction
 
 #: Every outcome a math verifier reports, in reporting order.
@@ -109,24 +108,3 @@ def format_number(value: Fraction) -> str:
     if Fraction(repr(as_float)) == value:
         return repr(as_float)
     return f"{value.numerator}/{value.denominator}"
-
-
-class OutcomeCounter:
-    """Counts verifier outcomes between two ``metrics()`` calls."""
-
-    def __init__(self) -> None:
-        self._counts: Counter[str] = Counter()
-
-    def add(self, outcome: str) -> None:
-        self._counts[outcome] += 1
-
-    def pop_metrics(self) -> dict[str, float]:
-        """``scored``, ``<outcome>_count`` and ``<outcome>_rate`` for every outcome; resets."""
-        total = sum(self._counts.values())
-        out = {"scored": float(total)}
-        for outcome in OUTCOMES:
-            count = self._counts[outcome]
-            out[f"{outcome}_count"] = float(count)
-            out[f"{outcome}_rate"] = count / total if total else 0.0
-        self._counts.clear()
-        return out

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from creditlab.registry import InputError
+from creditlab import InputError
 
 HUB_DATASET = "AI-MO/NuminaMath-CoT"
 SOURCE = "olympiads"

@@ -26,8 +26,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from creditlab.registry import InputError
+from creditlab import Completion, InputError, Problem
+
 from creditlab_math.numina import HUB_DATASET, PrepareError, seeded_split, select
+from creditlab_math.verifiers import MathVerifyVerifier
 
 MATH500 = "HuggingFaceH4/MATH-500"
 GSM8K = "openai/gsm8k"
@@ -128,9 +130,6 @@ def self_check(rows: Sequence[dict[str, Any]], answer_key: str = "answer") -> di
     Returns:
         ``{"checked", "accepted", "rejected": [{"id", "answer", "outcome"}, ...]}``.
     """
-    from creditlab.types import Completion, Problem
-    from creditlab_math.verifiers import MathVerifyVerifier
-
     problems = [Problem(id=str(r["id"]), prompt="", answer=str(r[answer_key])) for r in rows]
     completions = [Completion((), (), (), "eos", f"\\boxed{{{p.answer}}}") for p in problems]
     verifier = MathVerifyVerifier()

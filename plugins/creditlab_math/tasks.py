@@ -24,9 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditlab.interfaces import Task
-from creditlab.registry import ConfigError, InputError
-from creditlab.types import Problem
+from creditlab import ConfigError, InputError, Problem, Task
+
 from creditlab_math.extract import after_last_hashes, last_boxed
 from creditlab_math.numina import HUB_DATASET
 

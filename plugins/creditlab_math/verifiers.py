@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditlab.interfaces import Verifier
-from creditlab.registry import ConfigError
-from creditlab.types import Completion, Problem, Rewards
+from creditlab import Completion, ConfigError, Mean, Problem, Rewards, Sum, Verifier
+
 from creditlab_math.extract import (
-    OutcomeCounter,
+    OUTCOMES,
     after_last_hashes,
     first_number,
     format_number,
@@ -38,6 +38,28 @@ def _pair_check(problems: Sequence[Problem], completions: Sequence[Completion], 
             f"{who}.score got {len(problems)} problems and {len(completions)} completions; "
             f"they must pair up one to one"
         )
+
+
+
+class OutcomeCounter:
+    """Counts verifier outcomes between two ``metrics()`` calls."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def add(self, outcome: str) -> None:
+        self._counts[outcome] += 1
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``scored``, ``<outcome>_count`` and ``<outcome>_rate`` for every outcome; resets."""
+        total = sum(self._counts.values())
+        out: dict[str, float] = {"scored": Sum(total)}
+        for outcome in OUTCOMES:
+            count = self._counts[outcome]
+            out[f"{outcome}_count"] = Sum(count)
+            out[f"{outcome}_rate"] = Mean(count / total if total else 0.0)
+        self._counts.clear()
+        return out
 
 
 class MathVerifyVerifier(Verifier):
@@ -160,7 +182,7 @@ class MathVerifyVerifier(Verifier):
     def metrics(self) -> dict[str, float]:
         """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
         out = self._counter.pop_metrics()
-        out["worker_restarts"] = float(self._pool.restarts - self._restarts_seen)
+        out["worker_restarts"] = Sum(self._pool.restarts - self._restarts_seen)
         self._restarts_seen = self._pool.restarts
         return out
 

@@ -39,11 +39,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from creditlab import (
+    STD_OPTIONS,
+    AdvantageEstimator,
+    Advantages,
+    ConfigError,
+    Mean,
+    PolicyHandle,
+    RolloutBatch,
+    Sum,
+    broadcast,
+    group_advantages,
+)
 
-from creditlab.advantages import STD_OPTIONS, broadcast, group_advantages
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.registry import ConfigError
-from creditlab.types import Advantages, RolloutBatch
 from creditlab_oar.probe import (
     DIST_MODES,
     MODES,
@@ -126,14 +134,16 @@ def _summarize(c: dict[str, float]) -> dict[str, float]:
         return a / b if b else 0.0
 
     low_tokens = c["reasoning_tokens"] - c["high_tokens"]
-    out = {k: c[k] for k in ("groups", "zero_std_groups", "singleton_groups", "probed_rows",
-                             "reasoning_tokens", "marker_missing", "answer_fallback",
-                             "probe_forwards", "probe_tokens", "probe_s")}
+    out: dict[str, float] = {
+        k: Sum(c[k]) for k in ("groups", "zero_std_groups", "singleton_groups", "probed_rows",
+                               "reasoning_tokens", "marker_missing", "answer_fallback",
+                               "probe_forwards", "probe_tokens", "probe_s")
+    }
     out.update(
-        abs_mean=ratio(c["abs_sum"], c["rows"]),
-        high_tier_frac=ratio(c["high_tokens"], c["reasoning_tokens"]),
-        high_tier_weight_mean=ratio(c["high_weight_sum"], c["high_tokens"]),
-        low_tier_weight_mean=ratio(c["low_weight_sum"], low_tokens),
+        abs_mean=Mean(ratio(c["abs_sum"], c["rows"])),
+        high_tier_frac=Mean(ratio(c["high_tokens"], c["reasoning_tokens"])),
+        high_tier_weight_mean=Mean(ratio(c["high_weight_sum"], c["high_tokens"])),
+        low_tier_weight_mean=Mean(ratio(c["low_weight_sum"], low_tokens)),
     )
     return out
 
@@ -145,7 +155,6 @@ class _OARAdvantage(AdvantageEstimator):
 
     def __init__(self, config: OARConfig | None = None) -> None:
         super().__init__(config)
-        self._totals = dict.fromkeys(_COUNTS, 0.0)
         self._call = dict.fromkeys(_COUNTS, 0.0)
 
     # -- the estimator ------------------------------------------------------------------------
@@ -159,7 +168,13 @@ class _OARAdvantage(AdvantageEstimator):
 
         Returns:
             ``Advantages`` with values (B, T) (dtype of ``loss_mask``): ``A_i * w_{i,t}`` on trained
-            tokens, exactly 0 where ``loss_mask`` is 0; metrics as :meth:`metrics`, for this batch.
+            tokens, exactly 0 where ``loss_mask`` is 0. Metrics of this batch: group counts,
+            ``abs_mean`` (mean |A_i|), ``probed_rows``, ``reasoning_tokens`` (tokens reshaped),
+            ``high_tier_frac``, ``high_tier_weight_mean``/``low_tier_weight_mean`` (mean weight per
+            tier, after mass preservation), ``marker_missing`` (probed rows without the answer
+            marker), ``answer_fallback`` (rows read in ``last`` mode instead of an answer mode),
+            ``probe_forwards``/``probe_tokens`` (sequences and real tokens sent to the policy for
+            probing) and ``probe_s`` (seconds).
         """
         cfg = self.config
         self._call = dict.fromkeys(_COUNTS, 0.0)
@@ -182,12 +197,16 @@ class _OARAdvantage(AdvantageEstimator):
         self._add("high_tokens", float(high.sum()))
         self._add("high_weight_sum", float(weights[high].sum()))
         self._add("low_weight_sum", float(weights[reasoning & ~high].sum()))
-        return Advantages(values=values, metrics=_summarize(self._call))
+        return Advantages(values=values, metrics=self.call_metrics())
+
+    def call_metrics(self) -> dict[str, float]:
+        """The metrics of the counts since the last :meth:`estimate` began (its own, or those of
+        :meth:`importance` calls made since)."""
+        return _summarize(self._call)
 
     def _add(self, key: str, value: float) -> None:
-        """Count into this call's metrics and the totals since the last :meth:`metrics`."""
+        """Count into this call's metrics."""
         self._call[key] += value
-        self._totals[key] += value
 
     def importance(
         self, batch: RolloutBatch, ctx: PolicyHandle, rows: Sequence[int] | None = None
@@ -227,17 +246,6 @@ class _OARAdvantage(AdvantageEstimator):
     @abc.abstractmethod
     def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
         """One (L,) float tensor of importance per probe, over ``probe.scored``."""
-
-    def metrics(self) -> dict[str, float]:
-        """Since the last call (then reset): group counts, ``abs_mean`` (mean |A_i|),
-        ``probed_rows``, ``reasoning_tokens`` (tokens reshaped), ``high_tier_frac``,
-        ``high_tier_weight_mean``/``low_tier_weight_mean`` (mean weight per tier, after mass
-        preservation), ``marker_missing`` (probed rows without the answer marker),
-        ``answer_fallback`` (rows read in ``last`` mode instead of an answer mode),
-        ``probe_forwards``/``probe_tokens`` (sequences and real tokens sent to the policy for
-        probing) and ``probe_s`` (seconds)."""
-        out, self._totals = _summarize(self._totals), dict.fromkeys(_COUNTS, 0.0)
-        return out
 
     @staticmethod
     def _pad_id(ctx: PolicyHandle) -> int:

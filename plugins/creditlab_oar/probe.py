@@ -42,10 +42,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-import torch
 
-from creditlab.interfaces import PolicyHandle
-from creditlab.types import RolloutBatch
+import torch
+from creditlab import PolicyHandle, RolloutBatch
 
 MODES = ("last", "answer_mean", "answer_joint")
 #: Modes whose read-out is a distribution (compared by KL); ``answer_joint`` reads a scalar.

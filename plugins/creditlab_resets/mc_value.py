@@ -6,8 +6,8 @@ For each step boundary ``s_t`` of a trajectory (the state before its t-th traina
 ``s_t`` with the run's rollout settings; the value after the last segment is the trajectory's own
 reward. Segment t's tokens get ``A_t = V(s_{t+1}) - V(s_t)``.
 
-Continuations go through :meth:`creditlab.interfaces.PolicyHandle.rollouts` (the planner's
-sample-and-score: the same rollout tree the reset buffer uses), so their tokens count as generated
+Continuations go through :meth:`creditlab.PolicyHandle.rollouts` (the run's sampler: the
+same sampling and scoring every rollout strategy uses), so their tokens count as generated
 tokens. States shared by several rows — every row of a group shares ``s_0``, every suffix of a
 reset group shares its prefix — are estimated once.
 """
@@ -17,10 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.registry import ConfigError
-from creditlab.types import Advantages, GenerationRequest, RolloutBatch
+from creditlab import (
+    AdvantageEstimator,
+    Advantages,
+    ConfigError,
+    GenerationRequest,
+    Mean,
+    PolicyHandle,
+    RolloutBatch,
+    Sum,
+)
 
 
 def boundaries(spans: tuple[tuple[int, int], ...], trainable_from: int, length: int) -> list[int]:
@@ -49,10 +55,6 @@ class MCValueAdvantage(AdvantageEstimator):
         def __post_init__(self) -> None:
             if self.rollouts < 1:
                 raise ConfigError(f"advantage.rollouts must be >= 1; got {self.rollouts}")
-
-    def __init__(self, config: Config | None = None) -> None:
-        super().__init__(config)
-        self._totals: dict[str, float] = {}
 
     def estimate(self, batch: RolloutBatch, ctx: PolicyHandle) -> Advantages:
         """Advantages of ``batch``.
@@ -98,14 +100,8 @@ class MCValueAdvantage(AdvantageEstimator):
         out = out * batch.loss_mask
         trained = max(float(batch.loss_mask.sum()), 1.0)
         metrics = {
-            "states": float(len(keys)),
-            "value_rollouts": float(len(results)),
-            "abs_mean": float(out.abs().sum()) / trained,
+            "states": Sum(len(keys)),
+            "value_rollouts": Sum(len(results)),
+            "abs_mean": Mean(float(out.abs().sum()) / trained),
         }
-        for key in ("states", "value_rollouts"):
-            self._totals[key] = self._totals.get(key, 0.0) + metrics[key]
         return Advantages(values=out.to(batch.loss_mask.dtype), metrics=metrics)
-
-    def metrics(self) -> dict[str, float]:
-        out, self._totals = self._totals, {}
-        return out

@@ -25,18 +25,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from creditlab.generation import span_texts
-from creditlab.interfaces import PolicyHandle, ResetSelector
-from creditlab.registry import ConfigError, InputError
-from creditlab.types import (
+from creditlab import (
+    ConfigError,
     GenerationRequest,
+    InputError,
+    Mean,
+    PolicyHandle,
     Problem,
     ResetPoint,
+    ResetSelector,
     SamplingParams,
     Spans,
+    Sum,
     Trajectory,
+    span_texts,
 )
+
 from creditlab_resets.localize import TEMPLATES, parse_localization
 
 
@@ -86,16 +90,17 @@ class _Tally:
 
 def _summary(c: dict[str, float]) -> dict[str, float]:
     """Selections, seeds without thoughts, mean reset point N and mean N/n."""
-    out = {"selections": c.get("selections", 0.0), "no_thoughts": c.get("no_thoughts", 0.0)}
+    out: dict[str, float] = {"selections": Sum(c.get("selections", 0.0)),
+                             "no_thoughts": Sum(c.get("no_thoughts", 0.0))}
     placed = c.get("placed", 0.0)
     if placed:
-        out["reset_point_mean"] = c["point"] / placed
-        out["reset_point_rel_mean"] = c["relative"] / placed
+        out["reset_point_mean"] = Mean(c["point"] / placed)
+        out["reset_point_rel_mean"] = Mean(c["relative"] / placed)
     return out
 
 
-def _rate(c: dict[str, float], key: str, over: str) -> float:
-    return c.get(key, 0.0) / c[over] if c.get(over) else 0.0
+def _rate(c: dict[str, float], key: str, over: str) -> Mean:
+    return Mean(c.get(key, 0.0) / c[over] if c.get(over) else 0.0)
 
 
 class RandomResetSelector(ResetSelector):
@@ -283,16 +288,12 @@ class SelfLocalizeResetSelector(ResetSelector):
         if not c:
             return {}
         out = _summary(c)
-        out["localizations"] = c.get("localizations", 0.0)
-        out["localization_tokens"] = c.get("localization_tokens", 0.0)
+        out["localizations"] = Sum(c.get("localizations", 0.0))
+        out["localization_tokens"] = Sum(c.get("localization_tokens", 0.0))
         out["parse_failure_rate"] = _rate(c, "fallback", "localizations")
         for status in ("no_error", "boxed", "step_phrase"):
             out[f"{status}_rate"] = _rate(c, status, "localizations")
         return out
-
-
-#: The name issue 3 uses for :class:`SelfLocalizeResetSelector`.
-SelfLocalizeSelector = SelfLocalizeResetSelector
 
 
 class OracleResetSelector(ResetSelector):

@@ -49,11 +49,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from creditlab.advantages import broadcast, group_advantages
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.registry import ConfigError
-from creditlab.types import Advantages, RolloutBatch, Spans
+from creditlab import (
+    AdvantageEstimator,
+    Advantages,
+    ConfigError,
+    Mean,
+    PolicyHandle,
+    RolloutBatch,
+    Spans,
+    Sum,
+    broadcast,
+    group_advantages,
+)
 
 NORMS = ("reward_std", "segment_std", "none")
 POOLS = ("group", "problem")
@@ -143,10 +150,6 @@ class RREDCoTAdvantage(AdvantageEstimator):
                 raise ConfigError(f"advantage.mix must be finite; got {self.mix!r}")
             if self.max_rows < 0:
                 raise ConfigError(f"advantage.max_rows must be >= 0; got {self.max_rows}")
-
-    def __init__(self, config: Config | None = None) -> None:
-        super().__init__(config)
-        self._totals: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------ values
     def _encode(self, ctx: PolicyHandle, text: str) -> tuple[int, ...]:
@@ -288,17 +291,17 @@ class RREDCoTAdvantage(AdvantageEstimator):
         n_pools = len(pools)
         s0 = [cr.values[0] for cr in credits if cr.values]
         trained_credit = [abs(x) for cr in credits for x, t in zip(cr.credit, cr.trained) if t]
-        metrics = {
-            "value_s0": sum(s0) / len(s0) if s0 else 0.0,
-            "abs_credit": sum(trained_credit) / len(trained_credit) if trained_credit else 0.0,
-            "answers_per_group": sum(len(a) for a in pools.values()) / max(n_pools, 1),
-            "no_answer_groups": float(sum(1 for a in pools.values() if not a)),
-            "answer_mass": sum(mass) / len(mass) if mass else 0.0,
-            "states": float(len(index)),
-            "value_rows": float(len(branches)),
-            "value_tokens": float(sum(len(t) for t in trunks) + sum(len(b[2]) + 1 for b in branches)),
-            "value_calls": float(calls),
-            "segments_per_row": (
+        metrics: dict[str, float] = {
+            "value_s0": Mean(sum(s0) / len(s0) if s0 else 0.0),
+            "abs_credit": Mean(sum(trained_credit) / len(trained_credit) if trained_credit else 0.0),
+            "answers_per_group": Mean(sum(len(a) for a in pools.values()) / max(n_pools, 1)),
+            "no_answer_groups": Sum(sum(1 for a in pools.values() if not a)),
+            "answer_mass": Mean(sum(mass) / len(mass) if mass else 0.0),
+            "states": Sum(len(index)),
+            "value_rows": Sum(len(branches)),
+            "value_tokens": Sum(sum(len(t) for t in trunks) + sum(len(b[2]) + 1 for b in branches)),
+            "value_calls": Sum(calls),
+            "segments_per_row": Mean(
                 sum(sum(cr.trained) for cr in credits) / len(credits) if credits else 0.0
             ),
         }
@@ -339,11 +342,8 @@ class RREDCoTAdvantage(AdvantageEstimator):
         dtype = batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else torch.float32
         values = torch.where(batch.loss_mask > 0, out, torch.zeros_like(out)).to(dtype)
         trained_tokens = float((batch.loss_mask > 0).sum())
-        metrics["single_outcome_groups"] = float(single)
-        metrics["abs_mean"] = float(values.abs().sum()) / max(trained_tokens, 1.0)
-        for key in ("states", "value_rows", "value_tokens", "value_calls", "no_answer_groups",
-                    "single_outcome_groups"):
-            self._totals[key] = self._totals.get(key, 0.0) + metrics[key]
+        metrics["single_outcome_groups"] = Sum(single)
+        metrics["abs_mean"] = Mean(float(values.abs().sum()) / max(trained_tokens, 1.0))
         return Advantages(values=values, metrics=metrics)
 
     def _group_norm(
@@ -381,8 +381,3 @@ class RREDCoTAdvantage(AdvantageEstimator):
                     shift[g] = float(xs.mean())
                     scale[g] = 1.0 / (float(xs.std(correction=ddof)) + cfg.eps)
         return scale, shift, single
-
-    def metrics(self) -> dict[str, float]:
-        """Counts summed over the ``estimate`` calls since the last call (then reset)."""
-        out, self._totals = self._totals, {}
-        return out

@@ -43,10 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from creditlab.interfaces import Segmenter
-from creditlab.registry import ConfigError
-from creditlab.types import RolloutBatch, Segments, Spans
+from creditlab import ConfigError, Mean, RolloutBatch, Segmenter, Segments, Spans
 
 DEFAULT_DELIMITERS = ("</thought>", "\n\n")
 DEFAULT_KEYWORDS = (
@@ -285,10 +282,10 @@ class KeywordEntropySegmenter(Segmenter):
         rows = t.get("rows", 0.0)
         if not rows:
             return {}
-        out = {
-            "segments_per_row": t["segments"] / rows,
-            "entropy_score_share": t["entropy_rows"] / rows,
+        out: dict[str, float] = {
+            "segments_per_row": Mean(t["segments"] / rows),
+            "entropy_score_share": Mean(t["entropy_rows"] / rows),
         }
         for kind in ("delimiter", "keyword", "entropy"):
-            out[f"{kind}_boundaries_per_row"] = t.get(kind, 0.0) / rows
+            out[f"{kind}_boundaries_per_row"] = Mean(t.get(kind, 0.0) / rows)
         return out

@@ -1,16 +1,15 @@
 """Every shipped YAML composes, validates and builds."""
 
 import functools
-from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
-
 from creditlab.backends.vllm import vllm_available
-from creditlab.cli import compose
-from creditlab.registry import REGISTRIES, ConfigError
-from creditlab.train import CONF_DIR, PART_KINDS, validate
+from creditlab.compose import CONF_DIR, compose
+from creditlab.config import PART_KINDS, validate
+from creditlab.errors import ConfigError
+from creditlab.registry import REGISTRIES
+from hydra.utils import instantiate
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "experiment")
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))]
@@ -26,7 +25,9 @@ def test_default_composes_and_validates():
 def test_option_composes_and_builds(group, option):
     overrides = [f"{group}={option}"]
     if group == "reset_selector" and option != "none":
-        overrides.append("rollout.resets=1x4")  # a reset selector needs the reset buffer
+        overrides.append("rollout=resets")  # a reset selector needs a strategy that resets
+    if (group, option) == ("rollout", "resets"):
+        overrides.append("reset_selector=random")
     cfg = compose(overrides)
     if (group, option) == ("backend", "vllm") and not vllm_available():
         # Without vLLM, selecting it fails while validating, with the install command.
@@ -37,7 +38,7 @@ def test_option_composes_and_builds(group, option):
     if group in PART_KINDS:
         assert cfg[group]["name"] == option, "entry-point name = YAML stem = name field"
         assert option in REGISTRIES[group]
-        cls, config = checked[group]
+        cls, config = checked["rollout_strategy" if group == "rollout" else group]
         if group == "backend":
             from tests.helpers import tiny_model_and_tokenizer
 
@@ -45,6 +46,13 @@ def test_option_composes_and_builds(group, option):
             part = cls(config, model=model, tokenizer=tok)  # the vLLM engine starts lazily
         elif group == "segmenter":
             part = cls(config, tokenizer=None)
+        elif group == "rollout":
+            from creditlab_resets.selectors import RandomResetSelector
+
+            from tests.helpers import char_tokenizer
+
+            part = cls(config, rollout=checked["rollout"], tokenizer=char_tokenizer(),
+                       reset_selector=RandomResetSelector())
         else:
             part = cls(config)
         assert part.config == config
@@ -81,10 +89,9 @@ def compose_sweep_job(sweep: str, job: list[str]):
 
 @functools.lru_cache(maxsize=None)
 def _compose_sweep_job(sweep: str, job: tuple[str, ...]):
+    from creditlab.compose import searchpath_override
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-
-    from creditlab.hydra_plugins import searchpath_override
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("train", overrides=[*searchpath_override(), f"+sweeps={sweep}", *job], return_hydra_config=True)

@@ -5,11 +5,10 @@ carries the SRPO paper's budget (METHODS.md section 2) and its method's own knob
 from __future__ import annotations
 
 import pytest
-
 from creditlab.backends import vllm as vllm_backend
-from creditlab.cli import compose
-from creditlab.registry import ConfigError
-from creditlab.train import CONF_DIR, PART_KINDS, validate
+from creditlab.compose import CONF_DIR, compose
+from creditlab.config import PART_KINDS, validate
+from creditlab.errors import ConfigError
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 METHODS = ("srpo", "rrpo", "grpo", "oar_g", "rredcot")
@@ -43,7 +42,7 @@ def test_preset_composes_validates_and_builds(name, with_vllm):
     run, rollout, loss, m = checked["run"], checked["rollout"], checked["loss"], checked["model"]
     # The paper's budget (METHODS.md section 2).
     assert (m.name_or_path, cfg.trainer.devices) == MODELS[model]
-    assert m.dtype == "bfloat16" and m.localization_template == "paper"
+    assert m.dtype == "bfloat16" and m.hints.get("localization_template", "paper") == "paper"
     assert m.lora.enabled and (m.lora.r, m.lora.alpha, m.lora.target_modules) == (64, 64, "all-linear")
     assert cfg.optim._target_ == "torch.optim.AdamW"
     assert (cfg.optim.lr, cfg.optim.weight_decay, run.grad_clip) == (5e-5, 0.01, 1.0)
@@ -60,13 +59,16 @@ def test_preset_composes_validates_and_builds(name, with_vllm):
     # Every part builds from the validated config.
     from tests.helpers import tiny_model_and_tokenizer
 
+    tiny, tok = tiny_model_and_tokenizer()
     for kind in PART_KINDS:
-        cls, config = checked[kind]
+        cls, config = checked["rollout_strategy" if kind == "rollout" else kind]
         if kind == "backend":
-            tiny, tok = tiny_model_and_tokenizer()
             cls(config, model=tiny, tokenizer=tok)  # the engine would start at the first generate
         elif kind == "segmenter":
             cls(config, tokenizer=None)
+        elif kind == "rollout":
+            selector_cls, selector_config = checked["reset_selector"]
+            cls(config, rollout=rollout, tokenizer=tok, reset_selector=selector_cls(selector_config))
         else:
             getattr(cls(config), "close", lambda: None)()
 
@@ -78,15 +80,16 @@ def checked_and_cfg(*overrides: str):
 
 def test_method_knobs_come_from_the_method_presets(with_vllm):
     rrpo, cfg = checked_and_cfg("experiment=rrpo_olmo3_7b")
-    assert rrpo["rollout"].resets == "1x4" and cfg.reset_selector.name == "random"
+    assert rrpo["rollout_strategy"][1].split == "1x4" and cfg.reset_selector.name == "random"
+    assert cfg.rollout.name == "resets"
     srpo, cfg = checked_and_cfg("experiment=srpo_qwen25_14b")
-    assert srpo["rollout"].resets == "1x4" and cfg.reset_selector.name == "self_localize"
+    assert srpo["rollout_strategy"][1].split == "1x4" and cfg.reset_selector.name == "self_localize"
     assert (srpo["loss"].mode, srpo["loss"].agg) == ("reinforce", "seq-mean-token-mean")
     selector = srpo["reset_selector"][1]
     assert (selector.temperature, selector.template, selector.max_new_tokens) == (0.3, "paper", 4096)
     assert (srpo["advantage"][1].std, srpo["advantage"][1].eps) == ("population", 0.0)
     grpo, cfg = checked_and_cfg("experiment=grpo_qwen25_14b")
-    assert grpo["rollout"].resets == "" and cfg.reset_selector.name == "none"
+    assert cfg.rollout.name == "plain" and cfg.reset_selector.name == "none"
     assert (grpo["loss"].mode, grpo["loss"].agg, grpo["loss"].dual_clip) == ("clip", "token-mean", 3.0)
     assert grpo["advantage"][1].std == "sample"
     _, cfg = checked_and_cfg("experiment=oar_g_qwen25_14b")
@@ -102,8 +105,8 @@ def test_command_line_values_and_methods_override_a_preset(with_vllm):
     assert cfg.method == "dr_grpo" and cfg.advantage.name == "dr_grpo"
     assert checked["run"].prompts_per_step == 32 and cfg.trainer.devices == 8
     assert checked["model"].name_or_path == "/m" and checked["model"].lora.enabled
-    checked, _ = checked_and_cfg("experiment=rrpo_qwen25_14b", "rollout.resets=2x4")
-    assert checked["rollout"].resets == "2x4" and checked["rollout"].temperature == 0.7
+    checked, _ = checked_and_cfg("experiment=rrpo_qwen25_14b", "rollout.split=2x4")
+    assert checked["rollout_strategy"][1].split == "2x4" and checked["rollout"].temperature == 0.7
 
 
 def test_without_vllm_a_preset_fails_validation_naming_the_install():

@@ -5,13 +5,13 @@ without it."""
 
 import inspect
 
+import creditlab.compose
 import pytest
-from hydra.utils import get_class, instantiate
-
 from creditlab import cli
-from creditlab.cli import compose
-from creditlab.registry import ConfigError
-from creditlab.train import CONF_DIR, validate
+from creditlab.compose import CONF_DIR, compose
+from creditlab.config import validate
+from creditlab.errors import ConfigError
+from hydra.utils import get_class, instantiate
 
 
 def test_ddp_preset_builds_a_two_rank_gloo_trainer():
@@ -60,7 +60,7 @@ def test_slurm_launcher_preset_composes_with_its_plugin():
 
 
 def test_slurm_launcher_without_its_plugin_names_the_extra(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_plugin_installed", lambda module: False)
+    monkeypatch.setattr(creditlab.compose, "_plugin_installed", lambda module: False)
     with pytest.raises(ConfigError, match=r"pip install 'creditlab\[slurm\]'"):
         compose(["hydra/launcher=slurm"])
     with pytest.raises(SystemExit) as exit_info:

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from creditlab.compose import CONF_DIR, compose
+from creditlab.config import validate
+from creditlab_resets.buffer import parse_split
 
-from creditlab.buffer import parse_split
-from creditlab.cli import compose
-from creditlab.train import CONF_DIR, validate
 from tests.config.test_configs import compose_sweep_job, sweep_jobs
 
 SWEEPS_DIR = CONF_DIR.parent / "sweeps"
@@ -30,8 +30,8 @@ def test_compare_methods_covers_every_preset_on_equal_budgets():
         run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
         methods.add(run.method)
         seeds.add(run.seed)
-        if rollout.resets:
-            base, r, k = parse_split(rollout.resets, rollout.group_size)
+        if cfg.rollout.name == "resets":
+            base, r, k = parse_split(checked["rollout_strategy"][1].split, rollout.group_size)
             assert base + r * k == rollout.group_size and base >= 0
         budgets.add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size,
                      rollout.max_new_tokens, loss.updates_per_batch, float(cfg.optim.lr)))
@@ -88,7 +88,7 @@ def test_sweep_group_and_tags_reach_the_loggers(logger, tmp_path, monkeypatch):
         return SimpleNamespace(log_hyperparams=lambda params: None)
 
     monkeypatch.setattr(runner, "instantiate", fake_instantiate)
-    cfg = compose(["+sweeps=srpo_splits", f"logger={logger}", "rollout.resets=2x4"])
+    cfg = compose(["+sweeps=srpo_splits", f"logger={logger}", "rollout.split=2x4"])
     checked = validate(cfg)
     loggers = runner._loggers(cfg, Path(tmp_path), None, checked["run"])
     if logger == "none":

@@ -1,7 +1,6 @@
 """Every registered part of this distribution passes its contract check."""
 
 import pytest
-
 from creditlab.registry import REGISTRIES
 from creditlab.testing import (
     FakePolicyHandle,
@@ -11,9 +10,9 @@ from creditlab.testing import (
     check_verifier,
     make_batch,
 )
-from creditlab.types import Completion, Problem
+from creditlab.types import Completion, Problem, RolloutConfig
 
-KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "advantage")
+KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "rollout", "advantage")
 PARTS = [(k, n) for k in KINDS for n in REGISTRIES[k].names() if REGISTRIES[k].entries[n].dist == "creditlab"]
 
 # Hub-backed tasks need a local file in tests; the fixture paths are set here.
@@ -90,5 +89,15 @@ def test_contract(kind, name, monkeypatch):
     elif kind == "reset_selector":
         batch, ctx = _reset_inputs()
         check_part(kind, cls(), batch=batch, ctx=ctx)
+    elif kind == "rollout":
+        batch, ctx = _reset_inputs()
+        problems = list({t.problem.id: t.problem for t in batch.trajectories}.values())
+        selectors = [REGISTRIES["reset_selector"].get(n)() for n in ("random", "oracle")]
+        configs = [cls.Config(split=s) for s in ("1x4", "2x4", "1x8")] if cls.uses_reset_selector else [cls.Config()]
+        for config in configs:
+            for selector in selectors if cls.uses_reset_selector else [None]:
+                part = cls(config, rollout=RolloutConfig(group_size=8), tokenizer=ctx.tokenizer,
+                           reset_selector=selector)
+                check_part(kind, part, problems=problems)
     else:
         check_part(kind, cls())

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
 from creditlab import policy
-from creditlab.cli import compose
+from creditlab.compose import compose
+from creditlab.launch import run
 from creditlab.loggers import read_metrics
-from creditlab.train import run
+
 from tests.unit.test_chat_template import save_chat_model
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def test_srpo_run_with_a_chat_templated_local_model(tmp_path, monkeypatch):
     out = tmp_path / "run"
     cfg = compose([
         "logger=none", f"run_dir={out}", "threads=1",
-        f"model.name_or_path={model_dir}", "model.localization_template=paper",
+        f"model.name_or_path={model_dir}", "model.hints.localization_template=paper",
         "method=srpo", "task.num_train=16", "task.num_test=4", "prompts_per_step=2",
         "rollout.thoughts=true", "rollout.max_thoughts=3", "rollout.max_thought_tokens=6",
         "reset_selector.max_new_tokens=8", "loss.updates_per_batch=2",

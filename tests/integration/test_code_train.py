@@ -5,9 +5,9 @@ counts are logged for training and evaluation."""
 import json
 
 import pytest
-from creditlab.cli import compose
+from creditlab.compose import compose
+from creditlab.launch import run
 from creditlab.loggers import read_metrics
-from creditlab.train import run
 from creditlab_code.sandbox import live_sandbox_processes
 from creditlab_code.verifier import OUTCOMES
 

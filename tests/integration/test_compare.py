@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from creditlab.compose import compose
+from creditlab.launch import run
 
-from creditlab.cli import compose
-from creditlab.train import run
 from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 
 import pytest
 import torch
-
 from creditlab.losses import AGG_MODES, LossConfig, MiniBatchStats, gather_logprobs, policy_loss
 from creditlab.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
@@ -88,12 +88,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                       NODE_RANK="0", LOCAL_RANK=str(rank), RANK=str(rank), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
     import lightning as L
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.utils.data import DataLoader
-
     from creditlab.evaluation import EvalConfig
     from creditlab.module import CreditAssignmentModule
     from creditlab.rollout import RolloutConfig
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.utils.data import DataLoader
+
     from tests.helpers import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
@@ -154,10 +154,11 @@ def _mini_batches(updates: int, rl_step: int) -> list[list[Trajectory]]:
 def ddp_records(tmp_path_factory):
     import torch.multiprocessing as mp
 
-    from creditlab.launch import _free_port
-
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a free port for the group
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 

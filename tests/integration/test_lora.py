@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from creditlab.cli import compose
+from creditlab.compose import compose
+from creditlab.launch import run
 from creditlab.loggers import read_metrics
-from creditlab.train import run
+
 from tests.integration.conftest import SMALL, stable
 
 pytestmark = pytest.mark.slow

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-
-from creditlab.buffer import ResetBuffer, parse_split
 from creditlab.interfaces import ResetSelector
 from creditlab.rollout import collate
 from creditlab.testing import FakePolicyHandle
 from creditlab.types import Completion, GenerationRequest, Problem, ResetPoint, Trajectory
+from creditlab_resets.buffer import ResetBuffer, parse_split
+
 from tests.helpers import THOUGHT, char_tokenizer
 
 TOK = char_tokenizer()

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from creditlab.backends.hf import HFBackend
 from creditlab.generation import ThoughtConfig, completion_spans, generate_thoughts
-from creditlab.policy import ModelConfig, ModelPolicyHandle, encode_prompt, load_policy
+from creditlab.models import ModelConfig, load_policy
+from creditlab.policy import ModelPolicyHandle, encode_prompt
 from creditlab.types import GenerationRequest, SamplingParams
+
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -113,9 +114,9 @@ def test_thoughts_and_reset_prefixes_stay_on_token_ids_after_the_template(tmp_pa
 
 @pytest.mark.parametrize("preset", ["olmo-3-7b-instruct", "qwen2.5-14b-instruct", "qwen2.5-7b-instruct"])
 def test_paper_model_presets_name_hub_ids_and_fail_clearly_offline(preset, monkeypatch):
-    from creditlab.cli import compose
-    from creditlab.registry import ConfigError
-    from creditlab.train import validate
+    from creditlab.compose import compose
+    from creditlab.config import validate
+    from creditlab.errors import ConfigError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = validate(compose([f"model={preset}"]))["model"]

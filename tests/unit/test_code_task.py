@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from creditlab.registry import ConfigError
+from creditlab.errors import ConfigError
 from creditlab.testing import check_part
 from creditlab.types import Completion
 from creditlab_code.extract import extract_code, fenced_blocks

@@ -1,10 +1,12 @@
-"""Pure parts of data parallelism: prompt shares, metric reduction rules, the launch plan's errors."""
+"""Pure parts of data parallelism: prompt shares, typed metric reductions, the launch plan's
+errors."""
 
+import creditlab.distributed as distributed
 import pytest
-
-from creditlab.distributed import reduce_metrics, reduction, shard
-from creditlab.launch import _devices, cpu_cores, plan, threads_per_rank
-from creditlab.registry import ConfigError
+from creditlab.distributed import reduce_metrics, shard
+from creditlab.errors import ConfigError
+from creditlab.layout import _devices, cpu_cores, plan, threads_per_rank
+from creditlab.types import Max, Mean, Min, Sum, reduction
 
 
 def test_shards_are_contiguous_cover_everything_and_differ_by_at_most_one():
@@ -16,19 +18,24 @@ def test_shards_are_contiguous_cover_everything_and_differ_by_at_most_one():
         shard(items, 3, 3)
 
 
-@pytest.mark.parametrize("key,op", [
-    ("train/response_length/max", "max"), ("train/ratio_max", "max"),
-    ("train/advantage/groups", "sum"), ("train/advantage/zero_std_groups", "sum"),
-    ("train/verifier/scored", "sum"), ("train/reset_selector/localization_tokens", "sum"),
-    ("train/credit/with_negative_mass", "sum"), ("train/oar/probe_s", "sum"),
-    ("train/advantage/abs_mean", "mean"), ("train/verifier/correct_rate", "mean"),
-    ("train/advantage/divergent_frac", "mean"), ("train/rollout/reset/seeds_per_prompt", "mean"),
-    ("train/rollout/reset/oracle_exact", "mean"), ("train/rollout/reset/clean_prefix", "mean"),
-    ("train/credit/neg_mass_at", "mean"), ("train/credit/first_wrong_rank", "mean"),
-    ("eval/pass@1", "mean"), ("eval/pass@4", "mean"), ("train/backend/tokens_per_s", "mean"),
-])
-def test_reduction_rules(key, op):
-    assert reduction(key) == op
+def test_reduction_is_the_value_type_not_the_key():
+    assert [reduction(v) for v in (Sum(1), Mean(1), Max(1), Min(1), 1.0)] == [
+        "sum", "mean", "max", "min", "mean"]
+    assert Sum(2) + Sum(3) == 5.0 and repr(Sum(2)) == "Sum(2.0)"
+
+
+def test_reduce_metrics_over_simulated_ranks(monkeypatch):
+    """Two ranks: sums add, means weigh by rows, maxima take the largest; a key named like a
+    count (or a loss) combines as its type says; a key on one rank only keeps its value."""
+    ranks = [
+        ({"loss": Mean(1.0), "groups": Sum(2), "ratio_max": Max(3.0), "lo": Min(4.0), "plain": 0.5,
+          "only0": Sum(7)}, 1.0),
+        ({"loss": Mean(3.0), "groups": Sum(5), "ratio_max": Max(1.0), "lo": Min(2.0), "plain": 1.0}, 3.0),
+    ]
+    monkeypatch.setattr(distributed, "_gather_objects", lambda obj: ranks)
+    out = reduce_metrics(ranks[0][0], weight=1.0)
+    assert out == {"loss": 2.5, "groups": 7.0, "ratio_max": 3.0, "lo": 2.0, "plain": 0.875, "only0": 7.0}
+    assert type(out["groups"]) is Sum and type(out["loss"]) is Mean and type(out["plain"]) is float
 
 
 def test_reduce_metrics_is_the_identity_in_one_process():

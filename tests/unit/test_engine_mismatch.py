@@ -12,9 +12,8 @@ import math
 
 import pytest
 import torch
-
+from creditlab.errors import ConfigError
 from creditlab.losses import LossConfig, MiniBatchStats, gather_logprobs, policy_loss
-from creditlab.registry import ConfigError
 
 DT = torch.float64
 B, T, V, D = 6, 5, 7, 3

@@ -9,10 +9,11 @@ import copy
 
 import pytest
 import torch
-
-from creditlab.fused import FusedDecoder
+from creditlab.accel.fused import FusedDecoder
 from creditlab.backends.hf import HFBackend
+from creditlab.backends.kv_cache import make_cache
 from creditlab.types import GenerationRequest, SamplingParams
+
 from tests.helpers import char_tokenizer, tiny_model_and_tokenizer, with_token_bias
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,7 +73,7 @@ def _prefill(model, contexts, capacity):
     ids = torch.tensor([[0] * (width - len(c)) + list(c) for c in contexts])
     mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = HFBackend(model=model, tokenizer=None)._make_cache(capacity)
+    cache = make_cache(model, capacity)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                 use_cache=True)
     return out.past_key_values, mask, pos[:, -1], out.logits[:, -1]

@@ -7,9 +7,10 @@ import copy
 
 import pytest
 import torch
-
-from creditlab.backends.hf import HFBackend, SamplingPlan, sample_tokens
+from creditlab.backends.hf import HFBackend
+from creditlab.backends.sampling import SamplingPlan, sample_tokens
 from creditlab.types import GenerationRequest, SamplingParams
+
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
 
 PROMPTS = ["1+2=", "hello world, how are", "x", "abc def ghi jkl mno", "Q: 17*3?"]
@@ -321,6 +322,7 @@ def test_train_mode_restored_and_load_weights(mt):
 def test_prompt_longer_than_context_is_a_clear_error():
     from creditlab.backends.hf import HFBackend
     from creditlab.types import GenerationRequest, SamplingParams
+
     from tests.helpers import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
@@ -426,16 +428,18 @@ def test_shared_prefill_off_for_other_cache_layers(mt, monkeypatch):
     class OtherLayer(DynamicLayer):
         pass
 
+    import creditlab.backends.hf as hf
+
     model, tok = mt
     be = HFBackend(model=model, tokenizer=tok)
-    make = be._make_cache
+    make = hf.make_cache
 
-    def make_cache(capacity):
-        cache = make(capacity)
+    def make_cache(model, capacity, preallocate=True):
+        cache = make(model, capacity, preallocate)
         cache.layers = [OtherLayer() for _ in cache.layers]
         return cache
 
-    monkeypatch.setattr(be, "_make_cache", make_cache)
+    monkeypatch.setattr(hf, "make_cache", make_cache)
     reqs = _grouped_reqs(tok, group=2)
     sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=2)
     rows, hook = _prefill_rows(model)

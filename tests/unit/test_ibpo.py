@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-
-from creditlab.registry import ConfigError, build_part
+from creditlab.errors import ConfigError
+from creditlab.registry import build_part
 from creditlab.rollout import collate, with_segments
-from creditlab.testing import FakePolicyHandle, check_advantage, check_part, make_batch, pad_batch
+from creditlab.testing import FakePolicyHandle, check_part, make_batch, pad_batch
 from creditlab.types import Completion, Problem, Segments, Trajectory
 from creditlab_grpo.advantage import GRPOAdvantage
 from creditlab_ibpo.advantage import IBPOAdvantage, repair_prompt
@@ -94,8 +94,9 @@ def test_contrast_pair_by_hand_mass_and_floor():
     assert m["divergent_frac"] == pytest.approx(2 / 8)
     assert m["divergent_mass_frac"] == pytest.approx(4 / 5.2)
     assert (m["mixed_groups"], m["fallback_groups"], m["aligned_pairs"]) == (1, 0, 1)
-    assert est.metrics()["divergent_frac"] == pytest.approx(0.25)
-    assert est.metrics()["weighted_tokens"] == 0  # reset after reading
+    assert est.metrics() == {}  # one channel: the metrics travel with the advantages
+    again = est.estimate(batch, FakePolicyHandle()).metrics  # per call, not accumulated
+    assert again["divergent_frac"] == pytest.approx(0.25) and again["weighted_tokens"] == m["weighted_tokens"]
 
 
 def test_shared_fraction_over_several_opposite_rows():
@@ -249,14 +250,15 @@ def test_repair_skips_groups_without_both_outcomes_and_needs_no_policy_there():
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_repair_through_the_real_policy_handle_and_planner():
+def test_repair_through_the_real_policy_handle_and_sampler():
     """A tiny random model repairs through ``ModelPolicyHandle.rollouts`` (HF backend, arith
-    verifier, the planner's sample-and-score): counted, deterministic, mass preserved."""
+    verifier, the run's sampler): counted, deterministic, mass preserved."""
     from creditlab.backends.hf import HFBackend
     from creditlab.policy import ModelPolicyHandle
-    from creditlab.rollout import RolloutConfig, RolloutPlanner
+    from creditlab.rollout import RolloutConfig, RolloutSampler
     from creditlab_arith.task import ArithTask
     from creditlab_arith.verifier import ArithVerifier
+
     from tests.helpers import tiny_model_and_tokenizer
 
     model, tok = tiny_model_and_tokenizer()
@@ -270,16 +272,16 @@ def test_repair_through_the_real_policy_handle_and_planner():
         trajs.append(Trajectory(problem, c, reward, 0, 0))
     batch = collate(trajs, tok.pad_token_id)
     backend = HFBackend(model=model, tokenizer=tok)
-    planner = RolloutPlanner(RolloutConfig(max_new_tokens=6), backend, ArithVerifier(), None)
+    sampler = RolloutSampler(RolloutConfig(max_new_tokens=6), backend, ArithVerifier())
 
     def run():
         ctx = ModelPolicyHandle(model, tok, backend, torch.Generator().manual_seed(3),
-                                rollout_fn=planner.sample_and_score)
+                                rollout_fn=sampler)
         return _ibpo(mode="repair").estimate(batch, ctx)
 
     out = run()
     assert out.metrics["repair_requests"] == 2
-    assert planner.take_generated_tokens() == out.metrics["repair_tokens"] > 0
+    assert sampler.take_generated_tokens() == out.metrics["repair_tokens"] > 0
     assert torch.equal(out.values, run().values)
     grpo = GRPOAdvantage().estimate(batch).values
     torch.testing.assert_close(out.values.sum(1), grpo.sum(1), rtol=1e-5, atol=1e-6)

@@ -8,17 +8,18 @@ import functools
 
 import pytest
 import torch
-
+from creditlab.accel.fused import FusedDecoder, supported
 from creditlab.backends.hf import HFBackend
+from creditlab.errors import ConfigError
 from creditlab.evaluation import EvalConfig
 from creditlab.forward import response_logits
-from creditlab.fused import FusedDecoder, supported
 from creditlab.losses import LossConfig, gather_logprobs
+from creditlab.models import LoraConfig, ModelConfig, apply_lora, merged_state_dict
 from creditlab.module import CreditAssignmentModule
-from creditlab.policy import LoraConfig, ModelConfig, ModelPolicyHandle, apply_lora, merged_state_dict
-from creditlab.registry import ConfigError
+from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutConfig, collate
 from creditlab.types import GenerationRequest, Problem, SamplingParams, Trajectory
+
 from tests.helpers import tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-
+from creditlab.errors import ConfigError
 from creditlab.losses import (
     AGG_MODES,
     LossConfig,
@@ -21,7 +21,6 @@ from creditlab.losses import (
     policy_loss,
     token_loss,
 )
-from creditlab.registry import ConfigError
 
 DT = torch.float64
 B, T, V, D = 10, 7, 5, 4

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from creditlab.registry import ConfigError, build_part
+from creditlab.errors import ConfigError
+from creditlab.registry import build_part
 from creditlab.types import Completion
 from creditlab_math.tasks import GSM8KTask, MathTask, TaskDataError
 from creditlab_math.verifiers import GSM8KVerifier

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from creditlab.registry import ConfigError, build_part
+from creditlab.errors import ConfigError
+from creditlab.registry import build_part
 from creditlab.types import Completion, Problem
 from creditlab_math import mathverify_worker
 from creditlab_math.testing import inject_faults

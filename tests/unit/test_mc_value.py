@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from creditlab.generation import thought_spans
 from creditlab.rollout import collate, with_segments
 from creditlab.testing import FakePolicyHandle, pad_batch
 from creditlab.types import Completion, Problem, Segments, Trajectory
 from creditlab_resets.mc_value import MCValueAdvantage, boundaries
+
 from tests.helpers import THOUGHT, char_tokenizer
 
 TOK = char_tokenizer()
@@ -68,7 +68,8 @@ def test_step_advantages_by_hand() -> None:
     tree = Tree({0: [1, 0, 0, 0], 1: [1, 1, 0, 0], 2: [1, 1, 1, 1]})
     est = MCValueAdvantage(MCValueAdvantage.Config(rollouts=4))
     batch = batch_of(trajs)
-    adv = est.estimate(batch, FakePolicyHandle(tokenizer=TOK, rollout_fn=tree)).values
+    out = est.estimate(batch, FakePolicyHandle(tokenizer=TOK, rollout_fn=tree))
+    adv = out.values
     # Row 0: V(s0)=.25, V(s1)=.5, V(s2)=1, R=1 -> A = .25, .5, 0 on the three thoughts.
     a, d = len(ids(f"a{THOUGHT}")), len(ids(f"b{THOUGHT}"))
     n0 = len(ids(text))
@@ -82,7 +83,8 @@ def test_step_advantages_by_hand() -> None:
     assert (adv * (1 - batch.loss_mask)).abs().sum() == 0
     # Shared states are valued once: s0 and s1 (shared), s2 of row 0 -> 3 states x 4 rollouts.
     assert tree.calls == [12]
-    assert est.metrics() == {"states": 3.0, "value_rollouts": 12.0}
+    assert {k: out.metrics[k] for k in ("states", "value_rollouts")} == {"states": 3.0, "value_rollouts": 12.0}
+    assert est.metrics() == {}  # one channel: the metrics travel with the advantages
 
 
 def test_suffix_rows_value_only_after_the_prefix() -> None:
@@ -114,7 +116,7 @@ def test_finite_deterministic_and_padding_invariant() -> None:
 
 
 def test_bad_config() -> None:
-    from creditlab.registry import ConfigError
+    from creditlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match="rollouts"):
         MCValueAdvantage.Config(rollouts=0)

@@ -8,15 +8,16 @@ import math
 import numpy as np
 import pytest
 import torch
-
+from creditlab.errors import ConfigError
 from creditlab.policy import ModelPolicyHandle, position_ids
-from creditlab.registry import ConfigError, build_part, registry
+from creditlab.registry import build_part, registry
 from creditlab.rollout import collate
 from creditlab.testing import check_part, pad_batch
 from creditlab.types import Completion, Problem, Trajectory
 from creditlab_oar.advantage import OARGAdvantage, OARPAdvantage, reasoning_noise
 from creditlab_oar.probe import build_probe, last_occurrence, pad_right, text_ids
 from creditlab_oar.reshape import reshape_weights
+
 from tests.helpers import tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -224,7 +225,7 @@ def test_oar_p_importance_equals_brute_force(model_tok, mode):
         torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=2e-4)
         assert want.abs().max() > 1e-4  # the probe does see the reasoning
     assert not reasoning[4:].any()
-    m = est.metrics()
+    m = est.call_metrics()
     assert m["answer_fallback"] == (1 if mode != "last" else 0) and m["marker_missing"] == 1
     n_scored = sum(len(tok.encode(s[0])) - s[2] for s in specs.values())
     assert m["probe_forwards"] == n_scored + 4
@@ -304,7 +305,7 @@ def test_oar_g_is_the_exact_noisy_gradient(model64, mode):
         assert want.max() > 1e-6  # the noise does move the read-out
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12)  # I is stored as float32
     # one noisy pass over both rows, plus a clean pass (KL modes) or a one-token pass
-    assert est.metrics()["probe_forwards"] == (4 if mode != "answer_joint" else 3)
+    assert est.call_metrics()["probe_forwards"] == (4 if mode != "answer_joint" else 3)
 
 
 @pytest.mark.parametrize("mode", ["last", "answer_joint"])
@@ -335,14 +336,14 @@ def test_oar_g_sigma_zero_is_the_plain_input_gradient(model64, model_tok):
         got = imp[p.row, p.scored].double()
         want_j = want[j, p.reasoning_start + p.scored]
         torch.testing.assert_close(got, want_j, rtol=1e-6, atol=1e-12)
-    assert est.metrics()["probe_forwards"] == 2  # no clean pass
+    assert est.call_metrics()["probe_forwards"] == 2  # no clean pass
     # a row that falls back to ``last`` has zero gradient at sigma = 0: importance 0, weight 1,
     # and is not sent to the policy
     batch = _batch(model_tok[1])
     est = OARGAdvantage(OARGAdvantage.Config(mode="answer_joint", sigma=0.0))
     imp, reasoning = est.importance(batch, _ctx(*model_tok), rows=[0, 2])
     assert reasoning[2].any() and (imp[2] == 0).all() and (imp[0][reasoning[0]] > 0).any()
-    assert est.metrics()["probe_forwards"] == 1
+    assert est.call_metrics()["probe_forwards"] == 1
 
 
 # -- the estimators ------------------------------------------------------------------------------
@@ -383,8 +384,8 @@ def test_estimator_properties_on_a_real_model(model_tok, cls, options):
     assert all(math.isfinite(float(x)) for x in m.values())
     assert m["probed_rows"] == 4 and 0 < m["high_tier_frac"] < 1 and m["high_tier_weight_mean"] > 1
     assert m["probe_forwards"] > 0
-    assert est.metrics()["probed_rows"] == 12  # three calls
-    assert est.metrics()["probed_rows"] == 0  # reset
+    assert est.call_metrics()["probed_rows"] == 4  # the last of three calls: per call
+    assert est.metrics() == {}  # one channel: the metrics travel with the advantages
 
 
 @pytest.mark.parametrize("cls,options", ESTIMATORS, ids=IDS)

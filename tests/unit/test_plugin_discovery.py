@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from creditlab.errors import RegistryError
 from creditlab.interfaces import AdvantageEstimator
-from creditlab.registry import AUTOLOAD_ENV, REGISTRIES, Registry, RegistryError, conf_entries
+from creditlab.registry import AUTOLOAD_ENV, REGISTRIES, Registry, conf_entries
+
 from tests.helpers import write_dist
 
 GOOD = '''
@@ -123,7 +124,7 @@ def test_broken_config_folder_is_skipped_with_a_warning(site):
 def test_plugin_config_cannot_shadow_a_builtin_config(site):
     """A plug-in's ``advantage/grpo.yaml`` is behind conf/ on Hydra's search path: the built-in
     wins, as for parts."""
-    from creditlab.cli import compose
+    from creditlab.compose import compose
 
     write_dist(site, "conf-plugin", {"creditlab.conf": {"mine": "cl_test_shadowconf"}}, {
         "cl_test_shadowconf/__init__.py": "",

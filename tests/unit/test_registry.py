@@ -5,17 +5,9 @@ from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
-
+from creditlab.errors import ConfigError, RegistryError
 from creditlab.interfaces import AdvantageEstimator
-from creditlab.registry import (
-    REGISTRIES,
-    ConfigError,
-    Entry,
-    Registry,
-    RegistryError,
-    build_config,
-    build_part,
-)
+from creditlab.registry import REGISTRIES, Entry, Registry, build_config, build_part
 
 
 def test_builtins_are_entry_points():

@@ -1,12 +1,13 @@
-"""Collation masks (TESTING.md trap 3), truncation policies and the plain planner."""
+"""Collation masks (TESTING.md trap 3), truncation policies, the sampler and the plain rollout
+strategy."""
 
-import torch
 
 from creditlab.interfaces import Verifier
-from creditlab.rollout import RolloutConfig, RolloutPlanner, collate
+from creditlab.rollout import PlainRolloutStrategy, RolloutSampler, collate
 from creditlab.segmenters import ThoughtSegmenter, WholeSegmenter
-from creditlab.testing import FakePolicyHandle, check_segmenter
-from creditlab.types import Completion, Problem, Rewards, Trajectory
+from creditlab.testing import FakePolicyHandle, FakeSampler, check_part, check_segmenter
+from creditlab.types import Completion, Mean, Problem, Rewards, RolloutConfig, Sum, Trajectory
+
 from tests.helpers import char_tokenizer
 
 EOS = 1
@@ -48,13 +49,29 @@ class _Backend:
         return [Completion(r.prompt_ids, (5, 6), (-0.1, -0.1), "length", "56") for r in requests]
 
 
-def test_planner_groups_and_penalized_truncation():
+def test_plain_groups_and_penalized_truncation():
     cfg = RolloutConfig(group_size=3, truncation="penalize", truncation_reward=-1.0)
-    planner = RolloutPlanner(cfg, _Backend(), _Always(), None)
-    trajs = planner.collect([Problem("a", "x", "1"), Problem("b", "y", "1")], FakePolicyHandle(), seed=0)
+    sampler = RolloutSampler(cfg, _Backend(), _Always())
+    strategy = PlainRolloutStrategy(rollout=cfg)
+    trajs = strategy.collect([Problem("a", "x", "1"), Problem("b", "y", "1")], FakePolicyHandle(), sampler, 0)
     assert [t.group_id for t in trajs] == [0, 0, 0, 1, 1, 1]
     assert all(t.reward == -1.0 and t.info["truncated"] for t in trajs)
-    assert planner.metrics()["truncated_rate"] == 1.0
+    assert sampler.take_generated_tokens() == 12 and sampler.take_generated_tokens() == 0
+    metrics = sampler.metrics()
+    assert metrics == {"completions": 6.0, "truncated_rate": 1.0}
+    assert type(metrics["completions"]) is Sum and type(metrics["truncated_rate"]) is Mean
+    assert sampler.metrics() == {"completions": 0.0, "truncated_rate": 0.0}
+
+
+def test_plain_strategy_contract():
+    for g in (1, 4):
+        check_part("rollout", PlainRolloutStrategy(rollout=RolloutConfig(group_size=g)))
+    # the sampler sees one request per completion, the problem's prompt ids, no prefix
+    sampler = FakeSampler()
+    strategy = PlainRolloutStrategy(rollout=RolloutConfig(group_size=2))
+    out = strategy.collect([Problem("a", "xy", "1")], FakePolicyHandle(), sampler, 3)
+    assert sampler.calls == 1 and [t.trainable_from for t in out] == [0, 0]
+    assert all(t.completion.prompt_ids == FakePolicyHandle().encode("xy") for t in out)
 
 
 def test_thought_segmenter_partitions_by_delimiter():

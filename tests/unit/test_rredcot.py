@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-
-from creditlab.registry import ConfigError, build_part
+from creditlab.errors import ConfigError
+from creditlab.registry import build_part
 from creditlab.rollout import collate, with_segments
 from creditlab.testing import (
     FakePolicyHandle,
@@ -20,6 +20,7 @@ from creditlab.testing import (
 from creditlab.types import Completion, Problem, Segments, Trajectory
 from creditlab_rredcot.advantage import RREDCoTAdvantage, redistribute, states
 from creditlab_rredcot.segmenter import KeywordEntropySegmenter
+
 from tests.helpers import char_tokenizer, tiny_model_and_tokenizer
 
 SPLIT = "Let me check: 7+5=12.\n\nWait, 12*3=36. But Butter. Hmm ok Alternatively"
@@ -455,7 +456,7 @@ def test_contract_and_norms(norm):
     batch = _hand_batch(tok)
     out = est.estimate(batch, FakePolicyHandle(logits_fn=scripted_logits(tok), tokenizer=tok))
     assert torch.isfinite(out.values).all()
-    assert est.metrics()["value_rows"] > 0
+    assert out.metrics["value_rows"] > 0 and est.metrics() == {}  # one channel
 
 
 def test_estimator_config_errors():

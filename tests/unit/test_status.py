@@ -1,12 +1,11 @@
-"""``status.json``: running while the run fits, finished after, failed (with the exception) on error.
-The fit itself is replaced by a stub, so no model is built."""
+"""``status.json``: running while the run fits, finished after, failed (with the exception) on
+error (:func:`creditlab.launch.recorded`, around the fit of every run)."""
 
 import json
 import os
 
 import pytest
-
-from creditlab import runner
+from creditlab.launch import recorded
 from creditlab.rundirs import load_run
 
 
@@ -14,29 +13,19 @@ def _status(path):
     return json.loads((path / "status.json").read_text())
 
 
-def test_running_then_finished(tmp_path, monkeypatch):
-    seen = {}
-
-    def fake_fit(cfg, checked, out_dir):
-        seen.update(_status(out_dir))
-        return {"steps": 1}
-
-    monkeypatch.setattr(runner, "_fit", fake_fit)
-    assert runner.fit(None, {}, tmp_path) == {"steps": 1}
+def test_running_then_finished(tmp_path):
+    with recorded(tmp_path):
+        seen = _status(tmp_path)
     assert seen["status"] == "running" and seen["pid"] == os.getpid() and "started" in seen
     done = _status(tmp_path)
     assert done["status"] == "finished" and done["started"] == seen["started"] and "ended" in done
     assert not (tmp_path / "status.json.tmp").exists()
 
 
-def test_failed_keeps_the_exception(tmp_path, monkeypatch):
-    def fake_fit(cfg, checked, out_dir):
-        (out_dir / "metrics.jsonl").write_text('{"step": 1, "train/reward/mean": 0.5}\n')
+def test_failed_keeps_the_exception(tmp_path):
+    with pytest.raises(ValueError), recorded(tmp_path):
+        (tmp_path / "metrics.jsonl").write_text('{"step": 1, "train/reward/mean": 0.5}\n')
         raise ValueError("task file has no 'answer' field")
-
-    monkeypatch.setattr(runner, "_fit", fake_fit)
-    with pytest.raises(ValueError):
-        runner.fit(None, {}, tmp_path)
     state = _status(tmp_path)
     assert state["status"] == "failed"
     assert state["error"] == {"type": "ValueError", "message": "task file has no 'answer' field"}

@@ -12,12 +12,12 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-
 from creditlab.backends.hf import HFBackend
+from creditlab.errors import InputError
 from creditlab.generation import ThoughtConfig, generate_thoughts
-from creditlab.registry import InputError
 from creditlab.testing import check_backend, check_common
 from creditlab.types import GenerationRequest, SamplingParams
+
 from tests.helpers import THOUGHT
 from tests.vllm.conftest import MARKS, small_engine, tiny_pair
 

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from creditlab.backends.vllm import VLLMBackend
-from creditlab.cli import compose
+from creditlab.compose import compose
+from creditlab.launch import run
 from creditlab.loggers import read_metrics
-from creditlab.train import run
+
 from tests.integration.conftest import SMALL
 from tests.vllm.conftest import MARKS
 

@@ -5,8 +5,8 @@ Needs the package installed (``pip install -e examples/creditlab-example-plugin`
 """
 
 import pytest
-
-from creditlab.registry import REGISTRIES, conf_dirs
+from creditlab import REGISTRIES, conf_dirs
+from creditlab.testing import check_config
 
 DIST = "creditlab-example-plugin"
 
@@ -34,21 +34,14 @@ def test_config_folder_is_on_the_search_path():
 
 
 def test_advantage_option_composes_and_validates():
-    from creditlab.cli import compose
-    from creditlab.train import validate
-
-    cfg = compose(["advantage=rloo", "advantage.batch_std=true"])
-    cls, config = validate(cfg)["advantage"]
+    cfg, checked = check_config(["advantage=rloo", "advantage.batch_std=true"])
+    cls, config = checked["advantage"]
     assert cfg.advantage.name == "rloo" and config.batch_std is True
     assert cls(config).config == config
 
 
 def test_method_preset_composes_and_validates():
-    from creditlab.cli import compose
-    from creditlab.train import validate
-
-    cfg = compose(["method=rloo"])
-    checked = validate(cfg)
+    cfg, checked = check_config(["method=rloo"])
     assert checked["run"].method == "rloo"
     assert cfg.advantage.name == "rloo" and cfg.reset_selector.name == "none"
     assert checked["loss"].mode == "reinforce" and checked["loss"].agg == "seq-mean-token-sum"

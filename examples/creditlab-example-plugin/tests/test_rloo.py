@@ -6,9 +6,7 @@ creditlab and torch, no model.
 
 import pytest
 import torch
-
-from creditlab.advantages import group_advantages
-from creditlab.registry import ConfigError, build_config
+from creditlab import ConfigError, Mean, Sum, build_config, group_advantages
 from creditlab.testing import FakePolicyHandle, check_advantage, check_part, make_batch
 from creditlab_example.advantage import RLOOAdvantage, leave_one_out
 
@@ -74,12 +72,14 @@ def test_all_equal_batch_stays_zero_with_batch_std():
     assert torch.all(values == 0) and torch.isfinite(values).all()
 
 
-def test_metrics_accumulate_then_reset():
+def test_metrics_travel_with_the_advantages_and_say_how_they_combine():
     est = RLOOAdvantage()
-    est.estimate(make_batch(groups=3, group_size=2, rewards=[1, 0, 1, 1, 0, 0]))
-    est.estimate(make_batch(groups=1, group_size=2, rewards=[1, 0]))
-    assert est.metrics() == {"groups": 4.0, "singleton_groups": 0.0, "zero_groups": 2.0}
-    assert est.metrics() == {}
+    out = est.estimate(make_batch(groups=3, group_size=2, rewards=[1, 0, 1, 1, 0, 0]))
+    # groups (1, 0), (1, 1), (0, 0): advantages 1, -1, 0, 0, 0, 0
+    assert out.metrics == {"groups": 3.0, "singleton_groups": 0.0, "zero_groups": 2.0,
+                           "abs_mean": pytest.approx(2 / 6)}
+    assert isinstance(out.metrics["groups"], Sum) and isinstance(out.metrics["abs_mean"], Mean)
+    assert est.metrics() == {}  # one channel: a key logged by two would be an error
 
 
 def test_config_validation_names_the_key():

@@ -15,196 +15,25 @@ result does not depend on the other rows of the batch (up to float rounding).
 from __future__ import annotations
 
 import dataclasses
-import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from creditlab.fused import FusedDecoder
+from creditlab.accel.fused import FusedDecoder
+from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
+from creditlab.backends.sampling import (
+    SamplingPlan,
+    check_requests,
+    sample_tokens,
+    split_stops,
+    validate_sampling,
+)
 from creditlab.forward import accepts_logits_to_keep
-from creditlab.registry import InputError
 from creditlab.interfaces import GenerationBackend
-from creditlab.types import Completion, GenerationRequest, SamplingParams
-
-try:  # transformers >= 4.56: per-layer cache objects
-    from transformers.cache_utils import DynamicLayer
-except ImportError:  # pragma: no cover - older transformers: plain DynamicCache only
-    DynamicLayer = None
-
-
-def validate_sampling(sp: SamplingParams) -> None:
-    """Raise ``ValueError`` naming the field when ``sp`` is not a valid setting."""
-    t = sp.temperature
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-    p = sp.top_p
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-    for name in ("top_k", "max_new_tokens"):
-        v = getattr(sp, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
-    if isinstance(sp.stop, str) or not all(isinstance(s, str) and s for s in sp.stop):
-        raise ValueError(f"stop must be a tuple of non-empty strings, got {sp.stop!r}")
-    if sp.seed is not None and (isinstance(sp.seed, bool) or not isinstance(sp.seed, int)):
-        raise ValueError(f"seed must be an int or None, got {sp.seed!r}")
-
-
-def check_requests(
-    requests: Sequence[GenerationRequest], sampling: SamplingParams, context: int | None
-) -> None:
-    """Raise when a request is empty, or needs more positions than the model's ``context``.
-
-    Raises:
-        ValueError: A request has neither prompt nor prefix ids.
-        InputError: prompt + prefix + ``max_new_tokens`` exceeds ``context`` (None: no limit).
-    """
-    for i, r in enumerate(requests):
-        if len(r.prompt_ids) + len(r.prefix_ids) == 0:
-            raise ValueError(f"request {i} has neither prompt_ids nor prefix_ids")
-        need = len(r.prompt_ids) + len(r.prefix_ids) + sampling.max_new_tokens
-        if context is not None and need > context:
-            raise InputError(
-                f"request {i}: prompt ({len(r.prompt_ids)} tokens) + prefix "
-                f"({len(r.prefix_ids)}) + max_new_tokens ({sampling.max_new_tokens}) = {need} "
-                f"exceeds the model's context of {context} positions. Shorten the prompt "
-                f"(task.prompt_template / task.limit), lower rollout.max_new_tokens, or use a "
-                f"model with a longer context."
-            )
-
-
-@dataclass(frozen=True)
-class SamplingPlan:
-    """Everything the decoding loop reads: built from SamplingParams and the tokenizer only.
-
-    Positional order: temperature, top_p, top_k, max_new_tokens, stop, seed, eos_token_id,
-    pad_token_id, stop_token_ids, stop_texts.
-    """
-
-    temperature: float
-    top_p: float
-    top_k: int
-    max_new_tokens: int
-    stop: tuple[str, ...]
-    seed: int
-    eos_token_id: int | None
-    pad_token_id: int
-    stop_token_ids: tuple[int, ...]  # stop strings that are exactly one token
-    stop_texts: tuple[str, ...] = field(default=())  # the others, matched in decoded text
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-if DynamicLayer is not None:
-
-    class PreallocatedLayer(DynamicLayer):
-        """A full-attention KV cache layer written in place into a buffer of fixed capacity.
-
-        ``DynamicLayer`` concatenates the whole cache at every step (a copy of (A, H, L, D) per
-        layer and step); this layer allocates (A, H, capacity, D) once and returns views, which
-        halves decoding time for small models. Keys/values: (A, H, length, D).
-        """
-
-        def __init__(self, capacity: int) -> None:
-            super().__init__()
-            self.capacity = capacity
-            self.length = 0
-
-        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-            self.dtype, self.device = key_states.dtype, key_states.device
-            b, h, _, d = key_states.shape
-            self._k = key_states.new_empty(b, h, self.capacity, d)
-            self._v = value_states.new_empty(b, h, self.capacity, value_states.shape[-1])
-            self.is_initialized = True
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            end = self.length + key_states.shape[-2]
-            if end > self.capacity:
-                raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({end})")
-            self._k[:, :, self.length : end] = key_states
-            self._v[:, :, self.length : end] = value_states
-            self.length = end
-            self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep (or repeat) the rows ``indices``; only the filled columns are copied."""
-            if self.is_initialized:
-                self._k, self._v = self._select(self._k, indices), self._select(self._v, indices)
-                self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-
-        def _select(self, buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-            out = buf.new_empty((len(indices), *buf.shape[1:]))
-            torch.index_select(buf[:, :, : self.length], 0, indices, out=out[:, :, : self.length])
-            return out
-
-
-#: Cache layer types whose rows ``batch_select_indices`` can copy exactly (shared prefill).
-_GATHERABLE_LAYERS: tuple[type, ...] = ()
-#: Cache layer types holding every key/value of their rows (what the fused steps take over).
-_FULL_ATTENTION_LAYERS: tuple[type, ...] = ()
-if DynamicLayer is not None:
-    import transformers.cache_utils as _cache_utils
-
-    _sliding = getattr(_cache_utils, "DynamicSlidingWindowLayer", None)
-    _GATHERABLE_LAYERS = tuple(
-        t for t in (DynamicLayer, _sliding, PreallocatedLayer) if t is not None
-    )
-    _FULL_ATTENTION_LAYERS = (DynamicLayer, PreallocatedLayer)
-
-
-def sample_tokens(
-    logits: torch.Tensor, plan: SamplingPlan, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose one token per row and return its log-prob before truncation.
-
-    Args:
-        logits: (A, V) float32 next-token logits.
-        plan: Sampling settings (temperature, top_k, top_p).
-        gen: RNG for the draws.
-
-    Returns:
-        ``(tokens, logprobs)``, both (A,): ``logprobs = log_softmax(logits / T)[token]`` with T = 1
-        when greedy, i.e. before top-k/top-p truncation.
-    """
-    if plan.greedy:
-        tok = logits.argmax(-1)
-        logp = torch.log_softmax(logits, -1)
-        return tok, logp.gather(1, tok[:, None]).squeeze(1)
-    scaled = logits / plan.temperature
-    logp = torch.log_softmax(scaled, -1)
-    vocab = scaled.shape[-1]
-    k = plan.top_k if 0 < plan.top_k < vocab else 0
-    if k == 0 and plan.top_p >= 1:
-        tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
-    else:
-        if plan.top_p < 1:
-            vals, idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
-            if k:
-                vals, idx = vals[:, :k], idx[:, :k]
-            probs = torch.softmax(vals, -1)
-            # Keep the smallest head whose mass reaches top_p: drop a token once the mass
-            # before it already reaches top_p (the first token is always kept).
-            drop = (probs.cumsum(-1) - probs) >= plan.top_p
-            vals = vals.masked_fill(drop, float("-inf"))
-        else:
-            vals, idx = torch.topk(scaled, k, dim=-1)
-        choice = torch.multinomial(torch.softmax(vals, -1), 1, generator=gen)
-        tok = idx.gather(1, choice).squeeze(1)
-    return tok, logp.gather(1, tok[:, None]).squeeze(1)
-
-
-_accepts_logits_to_keep = accepts_logits_to_keep  # the old private name
+from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 
 class HFBackend(GenerationBackend):
@@ -267,7 +96,7 @@ class HFBackend(GenerationBackend):
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.config}")
         #: Settings actually used by the last ``generate`` call (TESTING trap 7).
         self.last_effective: dict = {}
-        self._keep = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+        self._keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
         self._fused: FusedDecoder | None = None
 
@@ -330,8 +159,8 @@ class HFBackend(GenerationBackend):
     def metrics(self) -> dict[str, float]:
         """Generated tokens, calls, seconds and tokens/s since the last call (then reset)."""
         s = self._stats
-        out = dict(s)
-        out["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
+        out: dict[str, float] = {k: Sum(v) for k, v in s.items()}
+        out["tokens_per_s"] = Mean(s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0)
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
         return out
 
@@ -341,13 +170,7 @@ class HFBackend(GenerationBackend):
 
     def _plan(self, sp: SamplingParams) -> SamplingPlan:
         tok = self.tokenizer
-        ids_of, texts = [], []
-        for s in sp.stop:
-            ids = tok.encode(s, add_special_tokens=False)
-            if len(ids) == 1 and tok.decode(ids, skip_special_tokens=False) == s:
-                ids_of.append(ids[0])
-            else:
-                texts.append(s)
+        stop_ids, stop_texts = split_stops(tok, sp.stop)
         eos = tok.eos_token_id
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
         return SamplingPlan(
@@ -359,56 +182,9 @@ class HFBackend(GenerationBackend):
             seed=int(sp.seed) if sp.seed is not None else secrets.randbits(63),
             eos_token_id=eos,
             pad_token_id=pad,
-            stop_token_ids=tuple(ids_of),
-            stop_texts=tuple(texts),
+            stop_token_ids=stop_ids,
+            stop_texts=stop_texts,
         )
-
-    def _make_cache(self, capacity: int):
-        """A ``DynamicCache`` for the model; its layers preallocated when all are full attention."""
-        from transformers import DynamicCache
-
-        try:
-            cache = DynamicCache(config=self.model.config)
-        except TypeError:  # pragma: no cover - older transformers
-            return DynamicCache()
-        layers = getattr(cache, "layers", None)
-        if (
-            self.config.preallocate_kv
-            and DynamicLayer is not None
-            and layers
-            and all(type(layer) is DynamicLayer for layer in layers)
-        ):
-            cache.layers = [PreallocatedLayer(capacity) for _ in layers]
-        return cache
-
-    @staticmethod
-    def _shared_contexts(contexts: list[tuple[int, ...]]) -> tuple[list[int], list[int]] | None:
-        """``(first, inverse)`` when some contexts repeat: ``first`` holds the row of each distinct
-        context (in order of first appearance), ``inverse[i]`` the index in ``first`` of row
-        ``i``'s context; ``None`` when every context is distinct."""
-        index: dict[tuple[int, ...], int] = {}
-        first: list[int] = []
-        inverse = []
-        for i, c in enumerate(contexts):
-            j = index.setdefault(c, len(first))
-            if j == len(first):
-                first.append(i)
-            inverse.append(j)
-        return (first, inverse) if len(first) < len(contexts) else None
-
-    @staticmethod
-    def _plain_kv(cache) -> bool:
-        """Whether every cache layer holds exactly the full keys/values of its rows."""
-        layers = getattr(cache, "layers", None)
-        return bool(layers) and all(type(layer) in _FULL_ATTENTION_LAYERS for layer in layers)
-
-    @staticmethod
-    def _gatherable(cache) -> bool:
-        """Whether ``cache.batch_select_indices`` copies whole rows: every layer's per-row state
-        is its keys/values (full-attention, sliding-window or preallocated layers; not quantized,
-        linear-attention or other layers with extra per-row state)."""
-        layers = getattr(cache, "layers", None)
-        return bool(layers) and all(type(layer) in _GATHERABLE_LAYERS for layer in layers)
 
     def _text_stop(
         self, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
@@ -483,11 +259,11 @@ class HFBackend(GenerationBackend):
         rows = torch.arange(n, device=device)  # batch row -> request row
         alive = torch.ones(n, dtype=torch.bool, device=device)
         use_cache = self.config.use_cache
-        cache = self._make_cache(width + max_new) if use_cache else None
+        cache = make_cache(self.model, width + max_new, self.config.preallocate_kv) if use_cache else None
         stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
         shared = None
-        if use_cache and self.config.share_prefill and self._gatherable(cache):
-            shared = self._shared_contexts(contexts)
+        if use_cache and self.config.share_prefill and gatherable(cache):
+            shared = shared_contexts(contexts)
         all_alive = True
         fused = self._fused if use_cache and max_new > 1 else None
         feed_ids, feed_pos = ids, pos
@@ -511,7 +287,7 @@ class HFBackend(GenerationBackend):
                 )
                 cache = out.past_key_values
                 logits = out.logits[:, -1, :][inverse]
-                if fused is not None and self._plain_kv(cache):
+                if fused is not None and plain_kv(cache):
                     fused.start(cache, inverse, mask[first, :width].bool() if has_pad else None,
                                 max_new - 1, self.config.fused_shared_context_min)
                     cache = None  # the fused steps own the keys/values from here

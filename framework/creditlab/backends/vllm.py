@@ -42,12 +42,10 @@ needs no insecure serialization; on GPUs, vLLM's NCCL/IPC weight-transfer engine
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import secrets
 import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Sequence
@@ -57,10 +55,13 @@ from typing import Any
 
 import torch
 
-from creditlab.backends.hf import check_requests, validate_sampling
+from creditlab.backends.sampling import check_requests, split_stops, validate_sampling
+from creditlab.backends.snapshot import snapshot_folder, write_snapshot, write_weights
+from creditlab.backends.vllm_params import GREEDY_BELOW, finish_reason, request_seed, vllm_params
+from creditlab.errors import ConfigError, InputError
 from creditlab.interfaces import GenerationBackend
-from creditlab.registry import ConfigError, InputError
-from creditlab.types import Completion, GenerationRequest, SamplingParams
+from creditlab.models import merged_state_dict
+from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 #: The one line printed when ``backend=vllm`` is selected without vLLM installed.
 INSTALL_HINT = (
@@ -69,68 +70,11 @@ INSTALL_HINT = (
     "GPU machine `pip install 'creditlab[vllm]'`."
 )
 TRUNCATED_LOGPROBS = ("error", "renormalized")
-#: vLLM samples greedily below this temperature (``vllm.sampling_params._SAMPLING_EPS``).
-GREEDY_BELOW = 1e-5
 
 
 def vllm_available() -> bool:
     """Whether ``import vllm`` can work here (without importing it)."""
     return importlib.util.find_spec("vllm") is not None
-
-
-def request_seed(seed: int, index: int) -> int:
-    """The sampling seed of request ``index`` of a call seeded with ``seed`` (63-bit hash)."""
-    digest = hashlib.blake2b(f"{seed}/request/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """``(token ids, texts)``: stop strings that are exactly one token (matched by id, as the HF
-    backend does) and the others (matched in the generated text)."""
-    ids, texts = [], []
-    for s in stop:
-        enc = tokenizer.encode(s, add_special_tokens=False)
-        if len(enc) == 1 and tokenizer.decode(enc, skip_special_tokens=False) == s:
-            ids.append(int(enc[0]))
-        else:
-            texts.append(s)
-    return tuple(ids), tuple(texts)
-
-
-def finish_reason(reason: str | None, stop_reason: int | str | None) -> str:
-    """vLLM's ``(finish_reason, stop_reason)`` as ``eos`` / ``stop`` / ``length``.
-
-    vLLM reports ``"stop"`` for EOS (``stop_reason`` None) and for a stop id or string.
-    """
-    if reason == "length":
-        return "length"
-    if reason == "stop":
-        return "eos" if stop_reason is None else "stop"
-    raise RuntimeError(f"vLLM finished a request with reason {reason!r} ({stop_reason!r})")
-
-
-def write_weights(state_dict: dict[str, torch.Tensor], folder: Path, dtype: torch.dtype) -> Path:
-    """Write ``state_dict`` as ``folder/model.safetensors`` (floating tensors cast to ``dtype``;
-    tensors sharing storage, e.g. tied embeddings, copied) and delete any other weight file there,
-    so the folder holds exactly these weights. Returns the file."""
-    from safetensors.torch import save_file
-
-    tensors, storages = {}, set()
-    for name, t in state_dict.items():
-        t = t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in storages:
-            t = t.clone()
-        storages.add(ptr)
-        tensors[name] = t.contiguous()
-    target = folder / "model.safetensors"
-    for old in folder.glob("*.safetensors*"):
-        if old != target:
-            old.unlink()
-    tmp = folder / "model.safetensors.partial"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, target)
-    return target
 
 
 class VLLMBackend(GenerationBackend):
@@ -240,7 +184,7 @@ class VLLMBackend(GenerationBackend):
         llm = self.engine()
         start = time.perf_counter()
         params = [
-            self._params(sampling, top_k, stop_ids, stop_texts, request_seed(seed, i))
+            vllm_params(sampling, top_k, stop_ids, stop_texts, request_seed(seed, i))
             for i in range(len(requests))
         ]
         prompts = [{"prompt_token_ids": list(r.prompt_ids) + list(r.prefix_ids)} for r in requests]
@@ -278,10 +222,8 @@ class VLLMBackend(GenerationBackend):
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine should hold: the policy's, with LoRA adapters merged in under
-        the base model's names (:func:`creditlab.policy.merged_state_dict`; a plain model's
+        the base model's names (:func:`creditlab.models.merged_state_dict`; a plain model's
         ``state_dict()``)."""
-        from creditlab.policy import merged_state_dict
-
         return merged_state_dict(self.model)
 
     def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -305,8 +247,8 @@ class VLLMBackend(GenerationBackend):
         """Generated tokens, calls, seconds, tokens/s, weight syncs and their seconds, and the
         engine's start-up seconds, since the last call (then reset)."""
         s = self._stats
-        out = dict(s)
-        out["tokens_per_s"] = s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0
+        out: dict[str, float] = {k: Sum(v) for k, v in s.items()}
+        out["tokens_per_s"] = Mean(s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0)
         self._stats = {k: 0.0 for k in s}
         return out
 
@@ -361,16 +303,11 @@ class VLLMBackend(GenerationBackend):
         return self.llm
 
     def _snapshot(self) -> Path:
-        """A private folder with the policy's config, tokenizer and current weights."""
-        parent = self.config.sync_dir
-        if parent is None:
-            shm = Path("/dev/shm")
-            parent = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-        folder = Path(tempfile.mkdtemp(prefix="creditlab-vllm-", dir=parent))
+        """A private folder with the policy's config, tokenizer and current weights (deleted
+        with the backend)."""
+        folder = snapshot_folder(self.config.sync_dir)
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(folder), ignore_errors=True)
-        self.model.config.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
-        write_weights(self.engine_state_dict(), folder, self._dtype())
+        write_snapshot(folder, self.model.config, self.tokenizer, self.engine_state_dict(), self._dtype())
         return folder
 
     def _check_head_size(self) -> None:
@@ -401,37 +338,6 @@ class VLLMBackend(GenerationBackend):
         native = getattr(self.model.config, "max_position_embeddings", None)
         return self.config.max_model_len or native
 
-    def _params(self, sp: SamplingParams, top_k: int, stop_ids, stop_texts, seed: int) -> Any:
-        """One ``vllm.SamplingParams``, checked against the request before use."""
-        from vllm import SamplingParams as VLLMSamplingParams
-
-        want = dict(
-            temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k,
-            max_tokens=int(sp.max_new_tokens), seed=seed, stop=list(stop_texts),
-            stop_token_ids=list(stop_ids), logprobs=0,
-        )
-        p = VLLMSamplingParams(
-            n=1, **want, min_tokens=0, ignore_eos=False, skip_special_tokens=False,
-            spaces_between_special_tokens=False, include_stop_str_in_output=True,
-        )
-        neutral = dict(
-            n=1, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0,
-            ignore_eos=False, min_tokens=0, logit_bias=None, bad_words=[],
-        )
-        check = {**want, **neutral}
-        if want["temperature"] == 0:  # greedy: vLLM resets truncation, which greedy ignores
-            check.pop("top_p"), check.pop("top_k")
-        wrong = {
-            k: (v, getattr(p, k, None)) for k, v in check.items()
-            if not _same(getattr(p, k, None), v)
-        }
-        if wrong:
-            raise RuntimeError(
-                f"vLLM would not sample as requested: {{setting: (requested, vLLM's)}} = {wrong}. "
-                "Use settings vLLM keeps (e.g. temperature 0 or >= 0.01)."
-            )
-        return p
-
     def _completions(
         self, requests: Sequence[GenerationRequest], rows: Sequence[tuple[tuple, tuple, str]]
     ) -> list[Completion]:
@@ -453,10 +359,3 @@ class VLLMBackend(GenerationBackend):
             )
             for r, resp, text, (_, logps, reason) in zip(requests, responses, texts, rows)
         ]
-
-
-def _same(got: Any, want: Any) -> bool:
-    """Equal, counting None and [] (vLLM's "none") as the same."""
-    if want in (None, []) and got in (None, []):
-        return True
-    return got == want

@@ -15,19 +15,45 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
+from creditlab.compose import compose
+from creditlab.config import validate
 from creditlab.interfaces import (
     INTERFACES,
     AdvantageEstimator,
     GenerationBackend,
     Part,
+    PolicyHandle,
     ResetSelector,
+    RolloutStrategy,
+    SampleFn,
     Segmenter,
     Task,
     Verifier,
 )
-from creditlab.testing.fakes import FakePolicyHandle, make_batch, pad_batch
-from creditlab.types import Advantages, Completion, GenerationRequest, Problem, ResetPoint, Rewards, SamplingParams
+from creditlab.testing.fakes import FakePolicyHandle, FakeSampler, make_batch, pad_batch
+from creditlab.types import (
+    Advantages,
+    Completion,
+    GenerationRequest,
+    Problem,
+    ResetPoint,
+    Rewards,
+    SamplingParams,
+    Trajectory,
+)
+
+
+def check_config(overrides: Sequence[str] = ()) -> tuple[DictConfig, dict[str, Any]]:
+    """Compose ``conf/train.yaml`` with ``overrides`` (as ``creditlab train`` would, plug-in config
+    folders on the search path) and validate every section: ``(config, validated sections)``.
+
+    Raises what ``creditlab train`` reports: :class:`~creditlab.errors.ConfigError`,
+    :class:`~creditlab.errors.RegistryError` or Hydra's composition errors.
+    """
+    cfg = compose(list(overrides))
+    return cfg, validate(cfg)
 
 
 def check_common(kind: str, part: Part) -> None:
@@ -125,10 +151,59 @@ def check_backend(backend: GenerationBackend, prompt_ids: Sequence[tuple[int, ..
         assert c.response_ids[: len(req.prefix_ids)] == req.prefix_ids and c.prefix_len == len(req.prefix_ids)
 
 
+def _signature(trajectories: Sequence[Trajectory]) -> list[tuple]:
+    return [(t.problem.id, t.completion.response_ids, t.reward, t.group_id, t.trainable_from, t.role)
+            for t in trajectories]
+
+
+def check_rollout_strategy(
+    strategy: RolloutStrategy,
+    problems: Sequence[Problem] | None = None,
+    sample: SampleFn | None = None,
+    ctx: PolicyHandle | None = None,
+    seeds: Sequence[int] = (0, 1),
+) -> None:
+    """``group_size`` trajectories per problem in groups of one problem, valid ``trainable_from``,
+    prefixes kept as ids, deterministic for a seed.
+
+    Args:
+        strategy: Built with its ``rollout`` settings, tokenizer and reset selector.
+        problems: Default: three problems.
+        sample: Default: a :class:`~creditlab.testing.FakeSampler` whose thoughts end with the
+            delimiter ids of ``strategy.tokenizer`` (when it has one).
+        ctx: Default: a :class:`~creditlab.testing.FakePolicyHandle` with the strategy's tokenizer.
+    """
+    problems = list(problems) if problems is not None else [Problem(f"p{i}", f"q{i}", "1") for i in range(3)]
+    if sample is None:
+        tok = strategy.tokenizer
+        delim = tuple(tok.encode(strategy.rollout.delimiter, add_special_tokens=False)) if tok is not None else (31,)
+        sample = FakeSampler(delimiter_ids=delim)
+    g = strategy.rollout.group_size
+    for seed in seeds:
+        handle = ctx or FakePolicyHandle(tokenizer=strategy.tokenizer, seed=seed)
+        out = strategy.collect(problems, handle, sample, seed)
+        assert isinstance(out, list) and all(isinstance(t, Trajectory) for t in out), "collect() must return a list of Trajectory"
+        for p in problems:
+            n = sum(t.problem is p for t in out)
+            assert n == g, f"problem {p.id}: {n} trajectories, want rollout.group_size={g} (equal budgets)"
+        owners: dict[int, str] = {}
+        for t in out:
+            assert isinstance(t.group_id, int) and t.group_id >= 0, f"group_id {t.group_id!r} must be an int >= 0"
+            assert owners.setdefault(t.group_id, t.problem.id) == t.problem.id, f"group {t.group_id} mixes problems"
+            c = t.completion
+            assert 0 <= t.trainable_from <= len(c.response_ids), f"trainable_from {t.trainable_from} out of range"
+            assert c.prefix_len <= len(c.response_ids) and len(c.logprobs) == len(c.response_ids) - c.prefix_len
+        again = strategy.collect(problems, ctx or FakePolicyHandle(tokenizer=strategy.tokenizer, seed=seed), sample, seed)
+        assert _signature(again) == _signature(out), "collect() must be deterministic for the same seed"
+    for key, value in strategy.metrics().items():
+        assert math.isfinite(float(value)), f"metric {key} is not finite"
+
+
 CHECKS = {
     "advantage": check_advantage,
     "segmenter": check_segmenter,
     "reset_selector": check_reset_selector,
+    "rollout": check_rollout_strategy,
     "task": check_task,
 }
 

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from creditlab.interfaces import PolicyHandle
-from creditlab.policy import offset_embeddings
+from creditlab.interfaces import PolicyHandle, offset_embeddings
 from creditlab.rollout import collate
-from creditlab.types import Completion, GenerationRequest, Problem, RolloutBatch, SamplingParams, Trajectory
+from creditlab.types import (
+    Completion,
+    GenerationRequest,
+    Problem,
+    RolloutBatch,
+    SamplingParams,
+    Trajectory,
+)
 
 
 def make_batch(
@@ -53,8 +60,6 @@ def make_batch(
 
 def pad_batch(batch: RolloutBatch, extra: int, pad_id: int = 0) -> RolloutBatch:
     """The same batch with ``extra`` more right-padding columns."""
-    from dataclasses import replace
-
     b = batch.size
 
     def grow(x: torch.Tensor, fill: float) -> torch.Tensor:
@@ -151,4 +156,52 @@ class FakePolicyHandle(PolicyHandle):
             ids = tuple(r.prefix_ids) + (1,)
             c = Completion(tuple(r.prompt_ids), ids, (0.0,), "eos", "", prefix_len=len(r.prefix_ids))
             out.append(Trajectory(p, c, float(coin), -1, len(r.prefix_ids)))
+        return out
+
+
+class FakeSampler:
+    """A :data:`~creditlab.interfaces.SampleFn` without a model, for rollout strategy tests.
+
+    Each request gets 1 to ``max_thoughts`` thoughts of ``thought_len`` random ids from ``vocab``,
+    each ending with ``delimiter_ids``, after its prefix, and reward 1.0 with probability
+    ``success_rate`` (else 0.0). Deterministic in ``(seed, position of the request in the call,
+    its ids)``; ``calls`` and ``generated_tokens`` count what it sampled.
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[int] = tuple(range(1, 30)),
+        delimiter_ids: Sequence[int] = (31,),
+        success_rate: float = 0.5,
+        max_thoughts: int = 4,
+        thought_len: int = 3,
+    ) -> None:
+        self.vocab = torch.tensor(list(vocab))
+        self.delimiter_ids = tuple(delimiter_ids)
+        self.success_rate = success_rate
+        self.max_thoughts = max_thoughts
+        self.thought_len = thought_len
+        self.calls = 0
+        self.generated_tokens = 0
+
+    def __call__(
+        self, problems: Sequence[Problem], requests: Sequence[GenerationRequest], seed: int
+    ) -> list[Trajectory]:
+        self.calls += 1
+        out = []
+        for i, (problem, req) in enumerate(zip(problems, requests)):
+            key = hash((seed, i, tuple(req.prompt_ids), tuple(req.prefix_ids))) % (2**62)
+            gen = torch.Generator().manual_seed(key)
+            ids: list[int] = []
+            for _ in range(int(torch.randint(1, self.max_thoughts + 1, (1,), generator=gen))):
+                pick = torch.randint(0, len(self.vocab), (self.thought_len,), generator=gen)
+                ids += [int(x) for x in self.vocab[pick]] + list(self.delimiter_ids)
+            reward = float(float(torch.rand(1, generator=gen)) < self.success_rate)
+            response = tuple(req.prefix_ids) + tuple(ids)
+            completion = Completion(
+                tuple(req.prompt_ids), response, tuple(-0.5 for _ in ids), "eos", "",
+                prefix_len=len(req.prefix_ids),
+            )
+            self.generated_tokens += len(ids)
+            out.append(Trajectory(problem, completion, reward, -1, len(req.prefix_ids)))
         return out

@@ -23,9 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from creditlab.interfaces import AdvantageEstimator, PolicyHandle
-from creditlab.types import Advantages, RolloutBatch
+from creditlab import AdvantageEstimator, Advantages, Mean, PolicyHandle, RolloutBatch, Sum
 
 
 def leave_one_out(
@@ -52,7 +50,7 @@ def leave_one_out(
             f"{tuple(group_ids.shape)}."
         )
     if rewards.numel() == 0:
-        empty = {"groups": 0.0, "singleton_groups": 0.0, "zero_groups": 0.0}
+        empty = {"groups": Sum(0), "singleton_groups": Sum(0), "zero_groups": Sum(0)}
         return torch.zeros(0, dtype=torch.float64), empty
     r = rewards.detach().to(torch.float64)
     if not torch.isfinite(r).all():
@@ -68,10 +66,10 @@ def leave_one_out(
     singleton = counts < 2  # (G,)
     flat = ~singleton & (g_max == g_min)  # (G,)
     adv = torch.where((singleton | flat)[inv], torch.zeros_like(r), r - others)
-    metrics = {
-        "groups": float(n_groups),
-        "singleton_groups": float(singleton.sum()),
-        "zero_groups": float(flat.sum()),
+    metrics = {  # counts: they add up over data-parallel ranks
+        "groups": Sum(n_groups),
+        "singleton_groups": Sum(singleton.sum()),
+        "zero_groups": Sum(flat.sum()),
     }
     return adv, metrics
 
@@ -96,10 +94,6 @@ class RLOOAdvantage(AdvantageEstimator):
             if not self.eps >= 0:
                 raise ValueError(f"advantage.eps must be >= 0; got {self.eps!r}. Use e.g. 1e-6.")
 
-    def __init__(self, config: Config | None = None) -> None:
-        super().__init__(config)
-        self._totals: dict[str, float] = {}
-
     def estimate(self, batch: RolloutBatch, ctx: PolicyHandle | None = None) -> Advantages:
         """Advantages of ``batch``.
 
@@ -109,21 +103,15 @@ class RLOOAdvantage(AdvantageEstimator):
 
         Returns:
             ``Advantages`` with values (B, T), float32: row ``i``'s advantage on its trained
-            tokens, exactly 0 where ``loss_mask`` is 0. Metrics ``groups``,
-            ``singleton_groups``, ``zero_groups`` and ``abs_mean`` (mean |A_i| over rows).
+            tokens, exactly 0 where ``loss_mask`` is 0. Metrics (logged as
+            ``train/advantage/<key>``): the counts ``groups``, ``singleton_groups``,
+            ``zero_groups`` and the mean ``abs_mean`` (mean |A_i| over rows).
         """
         adv, metrics = leave_one_out(batch.rewards, batch.group_ids)  # (B,)
         if self.config.batch_std and adv.numel() > 1 and float(adv.std()) > 0:
             adv = adv / (adv.std() + self.config.eps)
         adv = adv.to(torch.float32)
-        metrics["abs_mean"] = float(adv.abs().mean()) if adv.numel() else 0.0
-        for key in ("groups", "singleton_groups", "zero_groups"):
-            self._totals[key] = self._totals.get(key, 0.0) + metrics[key]
+        metrics["abs_mean"] = Mean(float(adv.abs().mean()) if adv.numel() else 0.0)
         values = adv[:, None].expand(batch.loss_mask.shape)  # (B, T)
         values = torch.where(batch.loss_mask > 0, values, torch.zeros_like(values))
         return Advantages(values=values, metrics=metrics)
-
-    def metrics(self) -> dict[str, float]:
-        """Group counts summed over the ``estimate`` calls since the last call (then reset)."""
-        out, self._totals = self._totals, {}
-        return out

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditlab.fused import _signed_sin
+from creditlab.accel.fused import _signed_sin
 
 __all__ = ["shared_prompt_logits"]
 

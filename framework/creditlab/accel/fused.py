@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules import module as nn_module
 
 __all__ = ["FusedDecoder", "SUPPORTED", "dynamic_rope", "supported"]
 
@@ -72,8 +73,6 @@ def _classes(model: Any) -> dict[str, type] | None:
 
 
 def _no_hooks(model: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as nn_module
-
     for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called"):
         if getattr(nn_module, name, None):

@@ -31,44 +31,53 @@ the suffixes are generated in one call.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from creditlab.generation import completion_spans, span_texts
-from creditlab.interfaces import PolicyHandle, ResetSelector
-from creditlab.types import GenerationRequest, Problem, Spans, Trajectory
+from creditlab import (
+    ConfigError,
+    GenerationRequest,
+    PolicyHandle,
+    Problem,
+    ResetSelector,
+    SampleFn,
+    Spans,
+    Trajectory,
+    completion_spans,
+    span_texts,
+)
 
 
-def parse_split(split: str, budget: int) -> tuple[int, int, int]:
+def parse_split(split: str, budget: int | None = None) -> tuple[int, int, int]:
     """``"RxK"`` and the per-prompt budget N -> ``(base_size, reset_groups, suffixes_per_reset)``.
 
     ``1x4`` with N=8 is the paper's default (base 4 + one reset group of 4); ``2x4`` and ``1x8``
-    leave no base group.
+    leave no base group. ``budget=None`` checks the format only (``base_size`` is then 0).
+
+    Raises:
+        ConfigError: Not ``RxK`` with R, K >= 1, or R*K above the budget.
     """
     try:
-        r, k = (int(x) for x in split.lower().split("x"))
+        r, k = (int(x) for x in str(split).lower().split("x"))
     except ValueError:
-        raise ValueError(
-            f"rollout.resets must look like 'RxK' (R reset groups of K suffixes, e.g. '1x4'), "
+        raise ConfigError(
+            f"rollout.split must look like 'RxK' (R reset groups of K suffixes, e.g. '1x4'), "
             f"got '{split}'"
         ) from None
-    if r < 1 or k < 1 or r * k > budget:
-        raise ValueError(
-            f"rollout.resets='{split}' needs 1 <= R*K <= rollout.group_size ({budget}); "
-            f"e.g. '1x4' or '2x4' for a group size of 8"
+    if r < 1 or k < 1 or (budget is not None and r * k > budget):
+        raise ConfigError(
+            f"rollout.split='{split}' needs R, K >= 1 and R*K <= rollout.group_size"
+            + (f" ({budget})" if budget is not None else "") + "; e.g. '1x4' or '2x4' for a group "
+            "size of 8"
         )
-    return budget - r * k, r, k
+    return (budget - r * k if budget is not None else 0), r, k
 
 
 def derive_seed(seed: int, *tags: object) -> int:
     """A 63-bit seed from a parent seed and tags (stable across processes)."""
     text = "/".join(str(x) for x in (seed, *tags))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-
-#: ``(problems, requests, seed) -> trajectories`` (sampled and scored, group ids unset).
-SampleFn = Callable[[Sequence[Problem], Sequence[GenerationRequest], int], list[Trajectory]]
 
 
 @dataclass
