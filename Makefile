@@ -54,7 +54,7 @@ $(VSTAMP): pyproject.toml
 	touch $(VSTAMP)
 
 test-vllm: setup-vllm  ## the vLLM tests (marker vllm) in .venv-vllm
-	$(VBIN)/python -m pytest -q -m vllm $(ARGS)
+	$(VBIN)/python -m pytest -q -m "vllm or accel" $(ARGS)
 
 bench-vllm: setup setup-vllm  ## vLLM vs HF generation and training step on this CPU
 	$(VBIN)/python benchmarks/vllm_vs_hf.py $(ARGS)

@@ -97,8 +97,9 @@ class Bench:
     def update(self, rollout: Any, advantages: torch.Tensor, cfg: Any) -> None:
         """One optimizer update as ``CreditAssignmentModule.update`` does it with one mini-batch
         and no micro-batching: shared-prompt forward, loss, backward, clip, fused AdamW."""
+        from creditlab.aggregation import MiniBatchStats
         from creditlab.forward import response_logits
-        from creditlab.losses import MiniBatchStats, gather_logprobs, policy_loss
+        from creditlab.losses import gather_logprobs, policy_loss
 
         opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
         stats = MiniBatchStats.from_mask(rollout.loss_mask, cfg)

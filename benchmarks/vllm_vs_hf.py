@@ -102,9 +102,8 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     from creditlab.models import ModelConfig, load_policy
     from creditlab.module import CreditAssignmentModule, Parts
     from creditlab.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
-    from creditlab.types import RolloutConfig
     from creditlab.segmenters import WholeSegmenter
-    from creditlab.types import Problem, Rewards
+    from creditlab.types import Problem, Rewards, RolloutConfig
     from creditlab_grpo.advantage import GRPOAdvantage
     from lightning.pytorch.callbacks import Callback
     from torch.utils.data import DataLoader

@@ -111,10 +111,11 @@ def _check_reset_selector(strategy: str, uses: bool, selector: str) -> None:
             f"add reset_selector=<one of {', '.join(options)}> (or choose a method preset)."
         )
     if not uses and selector != "none":
+        others = [n for n in REGISTRIES["rollout"].names() if n != strategy]
         raise ConfigError(
             f"reset_selector={selector} does nothing with rollout={strategy}, which never asks "
-            f"one: use reset_selector=none, or a rollout strategy that resets (rollout options: "
-            f"{', '.join(REGISTRIES['rollout'].names())})."
+            f"one: use reset_selector=none, or a rollout strategy that resets (other rollout "
+            f"strategies: {', '.join(others) or 'none installed'})."
         )
 
 

@@ -20,16 +20,12 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from creditlab.accel.fused import dynamic_rope
-from creditlab.accel.fused import supported as fused_supported
-from creditlab.accel.fused_train import shared_prompt_logits
-
 try:  # transformers >= 4.56: per-layer cache objects
     from transformers.cache_utils import DynamicLayer
 except ImportError:  # pragma: no cover - older transformers: no sharing, plain forward only
     DynamicLayer = None
 
-__all__ = ["accepts_logits_to_keep", "branch_logits", "response_logits", "unique_rows"]
+__all__ = ["accepts_logits_to_keep", "branch_logits", "dynamic_rope", "response_logits", "unique_rows"]
 
 _DROPOUT_CONFIG_KEYS = (
     "attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
@@ -45,6 +41,19 @@ def accepts_logits_to_keep(model: Any) -> bool:
     base = getattr(model, "get_base_model", None)
     wraps = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     return bool(wraps and callable(base) and accepts_logits_to_keep(base()))
+
+
+def dynamic_rope(model: Any) -> bool:
+    """Whether the model's rotary embedding rescales its frequencies with the longest position it
+    is called with (``dynamic``/``longrope`` RoPE; ``transformers`` keeps that as module state):
+    then a prompt run apart from its response gets other frequencies than the full sequence."""
+    base = getattr(model, "get_base_model", None)
+    inner = base() if callable(base) else model
+    rotary = getattr(getattr(inner, "model", None), "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default")
+    if isinstance(rope_type, dict):  # per layer type
+        return any("dynamic" in str(t) or t == "longrope" for t in rope_type.values())
+    return "dynamic" in str(rope_type) or rope_type == "longrope"
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -130,7 +139,6 @@ def response_logits(
     attention_mask: torch.Tensor,
     prompt_len: int,
     share_prompts: bool = True,
-    fused: bool = True,
 ) -> torch.Tensor:
     """(b, T, V) float logits predicting each response token of a prompt/response batch.
 
@@ -150,10 +158,6 @@ def response_logits(
         attention_mask: (b, P+T), 1 on real tokens.
         prompt_len: P.
         share_prompts: Run each distinct prompt once (``False``: always the plain forward).
-        fused: For a model that :func:`creditlab.fused.supported` accepts, run the shared-prompt
-            path with :func:`creditlab.fused_train.shared_prompt_logits` (the same computation from the
-            model's parameters, with hand-written RMSNorm and rotary backward passes; equal up to
-            float rounding) instead of the model's modules.
     """
     p = int(prompt_len)
     t = input_ids.shape[1] - p
@@ -166,8 +170,6 @@ def response_logits(
     first, inverse = unique_rows(key)
     if len(first) == input_ids.shape[0] or _unshareable_mode(model):
         return _plain(model, input_ids, attention_mask, p, keep).float()
-    if fused and t >= 2 and fused_supported(model):
-        return shared_prompt_logits(model, input_ids, attention_mask, p, first, inverse)
     cache = _shared_prompt_cache(model)
     if cache is None:
         return _plain(model, input_ids, attention_mask, p, keep).float()
@@ -186,8 +188,7 @@ def response_logits(
     if t == 1:
         return head.float()
     # 2. Gather the prompt KV to the rows (differentiable; gradients sum into the shared prompt).
-    cache = out.past_key_values
-    cache.batch_select_indices(inverse.to(input_ids.device))
+    cache = _select_cache(out.past_key_values, inverse.to(input_ids.device))
     # 3. The response columns but the last (its logits predict nothing) against the cache, with
     #    the full mask and positions counted over the whole row.
     mask = attention_mask[:, :-1]
@@ -202,10 +203,17 @@ def response_logits(
 
 
 def _select_cache(cache: Any, index: torch.Tensor) -> Any:
-    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is)."""
+    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is).
+
+    ``index_select``, not advanced indexing (``DynamicLayer.batch_select_indices``): its backward
+    sums the rows' gradients into the shared prompt in a fixed order, where indexing's backward
+    (``index_put_`` with accumulation) adds them with atomics on the CPU, in an order that
+    changes from run to run (measured: gradients differing by ~4e-9 between two runs of one
+    command, so no two runs had the same metrics).
+    """
     out = DynamicCache()
     for i, layer in enumerate(cache.layers):
-        out.update(layer.keys[index], layer.values[index], i)
+        out.update(layer.keys.index_select(0, index), layer.values.index_select(0, index), i)
     return out
 
 

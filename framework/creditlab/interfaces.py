@@ -253,6 +253,11 @@ class GenerationBackend(Part):
                 from the module itself.
         """
 
+    def describe(self) -> dict[str, Any]:
+        """What a run records about how this backend generates (``environment.json``'s
+        ``backend`` entry and the W&B config), e.g. the speed path it chose. Default: nothing."""
+        return {}
+
     def close(self) -> None:  # noqa: B027
         """Release engines, worker processes or other resources (the run calls it at the end)."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from creditlab.accel import MODES
 from creditlab.errors import ConfigError
 from creditlab.registry import build_config, registry
 
@@ -84,6 +85,8 @@ class ModelConfig:
         hints: Free-form facts about this model for the plug-ins that ask (a model preset's
             ``hints``, read by plug-in configs through interpolation, e.g. the prompt format a
             reset selector should use); the core never reads them.
+        accelerator: Optional speed path for this model class (:mod:`creditlab.accel`): ``auto``
+            (where supported), ``none`` or ``fused``; the HF backend's ``accelerator`` reads it.
     """
 
     name_or_path: str | None = None
@@ -92,6 +95,7 @@ class ModelConfig:
     dtype: str = "float32"
     trust_remote_code: bool = False
     hints: dict = field(default_factory=dict)
+    accelerator: str = "auto"
     lora: Any = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
@@ -99,6 +103,8 @@ class ModelConfig:
             self.lora = build_config(LoraConfig, dict(self.lora or {}), "model.lora")
         if self.lora.enabled and importlib.util.find_spec("peft") is None:
             raise ValueError(LORA_HINT)
+        if self.accelerator not in MODES:
+            raise ValueError(f"model.accelerator must be one of {', '.join(MODES)}, got '{self.accelerator}'")
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got '{self.dtype}'")
         if not self.name_or_path and not self.recipe:

@@ -22,17 +22,15 @@ from typing import Any
 import lightning as L
 import torch
 
+from creditlab.aggregation import MiniBatchStats
 from creditlab.credit import CreditMetrics
 from creditlab.distributed import (
     all_max,
-    all_sum,
-    gather_floats,
     gradient_sync,
     rank_and_world,
     reduce_metrics,
     shard,
 )
-from creditlab.errors import RegistryError
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.forward import response_logits as shared_prompt_logits
 from creditlab.interfaces import (
@@ -47,13 +45,13 @@ from creditlab.interfaces import (
 from creditlab.losses import (
     LOSS_METRICS,
     LossConfig,
-    MiniBatchStats,
     entropy_from_logits,
     gather_logprobs,
     policy_loss,
 )
 from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutSampler, collate, with_segments
+from creditlab.step_metrics import batch_metrics, one_writer_per_key
 from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum
 
 
@@ -83,29 +81,6 @@ def step_seed(seed: int, step: int, stream: int = 0, rank: int = 0) -> int:
     """A 63-bit seed derived from the run seed, the RL step, a stream id and the data-parallel
     rank (rank 0 draws what a single process draws)."""
     return (seed * 1_000_003 + step * 7_919 + stream * 104_729 + rank * 15_485_863) % (2**63 - 1)
-
-
-class MetricClash(RegistryError):
-    """Two channels of one step wrote the same metric key (a plug-in to fix: reported as one line
-    by ``creditlab train``)."""
-
-
-def merge_metrics(into: dict[str, float], prefix: str, metrics: dict[str, float], source: str,
-                  sources: dict[str, str]) -> None:
-    """Add ``metrics`` under ``prefix`` to ``into``; ``sources`` remembers who wrote each key.
-
-    Raises:
-        MetricClash: A key another channel already wrote (one would silently hide the other).
-    """
-    for key, value in metrics.items():
-        full = f"{prefix}{key}"
-        if full in sources:
-            raise MetricClash(
-                f"metric '{full}' is written by both {sources[full]} and {source}: "
-                "rename one of them (each key has one writer)"
-            )
-        sources[full] = source
-        into[full] = value
 
 
 class CreditAssignmentModule(L.LightningModule):
@@ -388,32 +363,17 @@ class CreditAssignmentModule(L.LightningModule):
     def step_metrics(self, rollout: RolloutBatch, generated: int) -> dict[str, float]:
         """Reward and length statistics of the global batch (every rank's rows); updates the token
         counters (``generated`` = every token this rank sampled this step, trained or not)."""
-        rewards = torch.tensor(gather_floats(rollout.rewards.tolist()))
-        lengths = torch.tensor(gather_floats(rollout.response_mask.sum(1).tolist()))
-        trained, generated = all_sum([float(rollout.loss_mask.sum()), float(generated)])
+        metrics, trained, generated = batch_metrics(rollout, generated)
         self.counters["tokens/trained"] += trained
         self.counters["tokens/generated"] += generated
-        return {
-            "train/reward/mean": float(rewards.mean()),
-            "train/reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "train/response_length/mean": float(lengths.mean()),
-            "train/response_length/max": float(lengths.max()),
-            "train/rows": float(len(rewards)),
-            "train/tokens_generated": generated,
-        }
+        return metrics
 
     def part_metrics(self, rollout: RolloutBatch, advantages: Advantages) -> dict[str, float]:
-        """This rank's estimator, credit and part metrics (``train/<kind>/<key>``).
-
-        Raises:
-            MetricClash: Two channels wrote one key (e.g. an estimator's ``Advantages.metrics``
-                and its ``metrics()``).
-        """
-        out: dict[str, float] = {}
-        sources: dict[str, str] = {}
-        name = type(self.parts.advantage).__name__
-        merge_metrics(out, "train/advantage/", dict(advantages.metrics), f"{name}.estimate()", sources)
-        merge_metrics(out, "train/credit/", self.credit(rollout, advantages.values), "CreditMetrics", sources)
-        for kind, part in self.parts.named():
-            merge_metrics(out, f"train/{kind}/", part.metrics(), f"{type(part).__name__}.metrics()", sources)
-        return out
+        """This rank's estimator, credit and part metrics (``train/<kind>/<key>``; raises
+        :class:`~creditlab.step_metrics.MetricClash` when two channels write one key)."""
+        channels = [
+            ("advantage", f"{type(self.parts.advantage).__name__}.estimate()", dict(advantages.metrics)),
+            ("credit", "CreditMetrics", self.credit(rollout, advantages.values)),
+        ]
+        channels += [(kind, f"{type(part).__name__}.metrics()", part.metrics()) for kind, part in self.parts.named()]
+        return one_writer_per_key(channels)

@@ -55,7 +55,11 @@ def _resume_path(resume: str | None, out_dir: Path) -> Path | None:
     return path
 
 
-def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: Any) -> list[Any]:
+def _loggers(
+    cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: Any, recorded: dict | None = None
+) -> list[Any]:
+    """``metrics.jsonl`` plus the configured loggers, which get the resolved config and what the
+    run recorded (``recorded``, e.g. the backend's speed path) as hyperparameters."""
     loggers: list[Any] = [JsonlLogger(out_dir / "metrics.jsonl", resume_step)]
     for name, node in (cfg.get("logger") or {}).items():
         if node is None or "_target_" not in node:
@@ -70,7 +74,7 @@ def _loggers(cfg: DictConfig, out_dir: Path, resume_step: int | None, run_cfg: A
                 tags=list(node.get("tags") or []) + list(run_cfg.tags or []) + [run_cfg.method],
             )
         logger = instantiate(node, **kwargs)
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "recorded": recorded or {}})
         loggers.append(logger)
     return loggers
 
@@ -82,8 +86,9 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
     model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
-    _record(out_dir / "environment.json", model_path=str(model_path))
     parts = build_parts(checked, model, tokenizer)
+    described = parts["backend"].describe()
+    _record(out_dir / "environment.json", model_path=str(model_path), backend=described)
     reference = None
     if loss.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -117,7 +122,8 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     # The step loader yields step indices; the module shards each step's prompts over the ranks.
     trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir),
                        use_distributed_sampler=False)
-    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=_loggers(cfg, out_dir, resume_step, run_cfg))
+    loggers = _loggers(cfg, out_dir, resume_step, run_cfg, {"backend": described})
+    trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
     try:
         trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
     finally:

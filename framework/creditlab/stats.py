@@ -7,8 +7,8 @@ Everything here is a pure function of its arguments (numpy only; no scipy).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 

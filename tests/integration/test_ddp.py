@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from creditlab.loggers import read_metrics
+
 from tests.integration.conftest import SMALL, stable
 
 pytestmark = pytest.mark.slow

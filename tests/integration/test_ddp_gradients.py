@@ -18,7 +18,8 @@ import socket
 
 import pytest
 import torch
-from creditlab.losses import AGG_MODES, LossConfig, MiniBatchStats, gather_logprobs, policy_loss
+from creditlab.aggregation import AGG_MODES, MiniBatchStats
+from creditlab.losses import LossConfig, gather_logprobs, policy_loss
 from creditlab.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
 

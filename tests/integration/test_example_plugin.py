@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from creditlab.registry import AUTOLOAD_ENV
+
 from tests.helpers import write_dist
 from tests.integration.conftest import SMALL
 

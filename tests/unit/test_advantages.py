@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from creditlab.advantages import broadcast, group_advantages
 
 

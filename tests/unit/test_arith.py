@@ -195,10 +195,9 @@ def test_verifier_metrics_reset() -> None:
 
 # -- model recipe ------------------------------------------------------------------------------
 def test_recipe_builds_loadable_checkpoint_and_caches(tmp_path, monkeypatch, capsys) -> None:
+    import creditlab_arith.model as recipe
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import creditlab_arith.model as recipe
 
     monkeypatch.setenv("CREDITLAB_CACHE", str(tmp_path))
     args = {"steps": 3, "batch_size": 4, "layers": 1, "hidden_size": 32, "heads": 2,
@@ -229,9 +228,8 @@ def test_recipe_builds_loadable_checkpoint_and_caches(tmp_path, monkeypatch, cap
 
 
 def test_recipe_entry_point() -> None:
-    from creditlab.registry import registry
-
     import creditlab_arith.model as recipe
+    from creditlab.registry import registry
 
     assert registry("model_recipe").get("arith_tiny") is recipe.build_tiny_model
     assert recipe.checkpoint_dir({}) == recipe.checkpoint_dir({"seed": 0, "task": {"seed": 0}})
@@ -292,9 +290,8 @@ def test_warm_start_split_passes_equal_one_padded_pass() -> None:
     """The warm start runs a batch as length groups; loss and gradient equal the padded batch's
     token-mean loss (HF's own loss over one padded pass)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from creditlab_arith import model as recipe
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     rows = [([1, 5, 6, 7, 8, 2], 2, 1.0), ([1, 5, 6, 2], 3, 1.0)] * 3 + [([1] + list(range(5, 25)) + [2], 15, 1.0)] * 2
     parts = recipe.split_by_length(rows)
@@ -360,7 +357,11 @@ def test_resolve_examples_blame_step_k() -> None:
     thought at k, and their answers box k + 1 with one verdict per step."""
     import random
 
-    from creditlab_arith.localization import corrupted_thoughts, localization_example, scattered_thoughts
+    from creditlab_arith.localization import (
+        corrupted_thoughts,
+        localization_example,
+        scattered_thoughts,
+    )
     from creditlab_resets.localize import parse_localization
 
     task = small_task()

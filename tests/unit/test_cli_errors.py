@@ -1,7 +1,6 @@
 """Bad overrides end with one clear line naming the fix."""
 
 import pytest
-
 from creditlab.cli import check
 
 

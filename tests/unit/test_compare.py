@@ -8,7 +8,6 @@ import socket
 
 import pytest
 import yaml
-
 from creditlab import stats
 from creditlab.cli import main
 from creditlab.compare import CompareError, aggregate_curve, compare

@@ -12,8 +12,9 @@ import math
 
 import pytest
 import torch
+from creditlab.aggregation import MiniBatchStats
 from creditlab.errors import ConfigError
-from creditlab.losses import LossConfig, MiniBatchStats, gather_logprobs, policy_loss
+from creditlab.losses import LossConfig, gather_logprobs, policy_loss
 
 DT = torch.float64
 B, T, V, D = 6, 5, 7, 3

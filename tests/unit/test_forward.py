@@ -8,7 +8,6 @@ import functools
 
 import pytest
 import torch
-
 from creditlab.evaluation import EvalConfig
 from creditlab.forward import response_logits, unique_rows
 from creditlab.losses import LossConfig, gather_logprobs
@@ -16,8 +15,8 @@ from creditlab.module import CreditAssignmentModule
 from creditlab.policy import forward_logits
 from creditlab.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
-from tests.helpers import tiny_model_and_tokenizer
 
+from tests.helpers import tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -234,3 +233,44 @@ def test_module_response_logits_and_old_logprobs_equal_plain():
     torch.testing.assert_close(got, want[rows], atol=1e-5, rtol=0)
     want_lp = gather_logprobs(want, batch.response_ids) * batch.response_mask
     torch.testing.assert_close(old, want_lp, atol=1e-5, rtol=0)
+
+
+def _zoo_batch(prompt_lens=(3, 7, 5, 0), group=4, seed=0):
+    """Groups (one with an empty prompt) with responses of 1..8 tokens, rows shuffled."""
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for g, plen in enumerate(prompt_lens):
+        prompt = tuple(torch.randint(5, 60, (plen,), generator=gen).tolist())
+        for _ in range(group):
+            n = int(torch.randint(1, 9, (1,), generator=gen))
+            resp = tuple(torch.randint(5, 60, (n,), generator=gen).tolist())
+            trajs.append(Trajectory(Problem(str(g), "q", "1"), Completion(prompt, resp, (0.0,) * n, "eos", ""), 0.0, g))
+    order = torch.randperm(len(trajs), generator=gen).tolist()
+    return collate([trajs[i] for i in order], 0)
+
+
+@pytest.mark.parametrize("name", ["llama-dynamic-rope", "llama-mha", "llama-head-bias", "qwen2-tied", "qwen2-mqa"])
+def test_shared_prompts_equal_plain_forward_on_every_architecture(name):
+    """The public cache path (each prompt once) equals the plain forward's logits and gradients
+    for Llama (MHA, GQA, head bias) and Qwen2 (tied, MQA); dynamic RoPE takes the plain path."""
+    from tests.unit.test_accel import MODELS
+
+    model, _ = MODELS[name]()
+    model.train()
+    batch = _zoo_batch()
+    p, ids, mask = batch.prompt_len, batch.input_ids, batch.attention_mask
+    assert (mask[:, :p] == 0).any() and (mask[:, p:] == 0).any()  # left and right padding
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        logits = fn()
+        lp = gather_logprobs(logits, batch.response_ids)
+        weights = torch.linspace(-1.0, 1.0, batch.size)[:, None] * batch.response_mask
+        (-(lp * weights).sum() / batch.response_mask.sum()).backward()
+        return logits.detach(), [q.grad.clone() for q in model.parameters()]
+
+    want, g_want = run(lambda: forward_logits(model, ids, mask)[:, p - 1 : -1].float())
+    got, g_got = run(lambda: response_logits(model, ids, mask, p))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # pads too
+    for a, b in zip(g_want, g_got):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 from creditlab.backends.hf import HFBackend
 from creditlab.generation import ThoughtConfig, generate_thoughts, round_seed, thought_spans
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, SamplingParams
+
 from tests.helpers import THOUGHT, char_tokenizer, tiny_model_and_tokenizer, with_token_bias
 
 TOK = char_tokenizer()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from creditlab.policy import ModelPolicyHandle, position_ids
 from creditlab.testing import FakePolicyHandle
+
 from tests.helpers import tiny_model_and_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

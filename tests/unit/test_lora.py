@@ -8,7 +8,8 @@ import functools
 
 import pytest
 import torch
-from creditlab.accel.fused import FusedDecoder, supported
+from creditlab.accel.fused_decode import FusedDecoder
+from creditlab.accel.support import supported
 from creditlab.backends.hf import HFBackend
 from creditlab.errors import ConfigError
 from creditlab.evaluation import EvalConfig

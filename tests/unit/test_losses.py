@@ -8,16 +8,13 @@ import math
 
 import pytest
 import torch
+from creditlab.aggregation import AGG_MODES, MiniBatchStats, aggregate, micro_batch_slices
 from creditlab.errors import ConfigError
 from creditlab.losses import (
-    AGG_MODES,
     LossConfig,
-    MiniBatchStats,
-    aggregate,
     entropy_from_logits,
     gather_logprobs,
     kl_penalty,
-    micro_batch_slices,
     policy_loss,
     token_loss,
 )

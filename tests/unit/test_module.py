@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from creditlab.evaluation import EvalConfig
 from creditlab.losses import LossConfig
 from creditlab.module import CreditAssignmentModule
 from creditlab.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
+
 from tests.helpers import tiny_model_and_tokenizer
 
 
@@ -93,3 +93,19 @@ def test_tis_cap_weights_the_update():
     m = module.update(off, torch.ones_like(off.loss_mask) * off.loss_mask)
     assert m["train/backend/tis_weight_mean"] == pytest.approx(2.0)
     assert m["train/backend/tis_clip_frac"] == pytest.approx(1.0)
+
+
+def test_a_metric_key_has_one_writer():
+    """Two channels writing one key is an error naming both (one would silently hide the other);
+    the values keep their reduction types."""
+    from creditlab.step_metrics import MetricClash, one_writer_per_key
+    from creditlab.types import Mean, Sum
+
+    out = one_writer_per_key([("advantage", "A.estimate()", {"groups": Sum(3)}),
+                              ("rollout", "Sampler.metrics()", {"completions": Sum(8)}),
+                              ("rollout", "Strategy.metrics()", {"reset/seeds_per_prompt": Mean(0.5)})])
+    assert out == {"train/advantage/groups": 3.0, "train/rollout/completions": 8.0,
+                   "train/rollout/reset/seeds_per_prompt": 0.5}
+    assert type(out["train/advantage/groups"]) is Sum
+    with pytest.raises(MetricClash, match=r"'train/advantage/groups' is written by both A.estimate\(\) and A.metrics\(\)"):
+        one_writer_per_key([("advantage", "A.estimate()", {"groups": 3.0}), ("advantage", "A.metrics()", {"groups": 3.0})])

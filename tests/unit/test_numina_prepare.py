@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from creditlab.registry import build_part
 from creditlab_math.numina import (
     PrepareError,

@@ -7,10 +7,11 @@ import math
 from dataclasses import replace
 
 import torch
-
-from creditlab.losses import LossConfig, MiniBatchStats, policy_loss
+from creditlab.aggregation import MiniBatchStats
+from creditlab.losses import LossConfig, policy_loss
 from creditlab.rollout import collate
 from creditlab_grpo.advantage import GRPOAdvantage
+
 from tests.unit.test_buffer import TOK, C, W, build
 
 

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from creditlab.types import Completion
 from creditlab_math.extract import after_last_hashes, to_number
 from creditlab_math.tasks import GSM8KTask

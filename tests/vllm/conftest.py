@@ -3,8 +3,8 @@ wherever vLLM is not installed (the main venv). One engine per test module (it t
 start on 2 shared cores); vLLM spawns its processes, which pytest's entry point allows."""
 
 import pytest
-
 from creditlab.backends.vllm import VLLMBackend, vllm_available
+
 from tests.helpers import tiny_model_and_tokenizer
 
 SKIP = pytest.mark.skipif(not vllm_available(), reason="vLLM not installed (make test-vllm)")

@@ -19,10 +19,12 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from creditlab.accel.fused import FusedDecoder
+from creditlab.accel import Choice, choose
+from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
 from creditlab.backends.sampling import (
     SamplingPlan,
@@ -66,11 +68,12 @@ class HFBackend(GenerationBackend):
             otherwise every row is prefilled). Sampling is unchanged: the same RNG draws in the
             same order, on the same logits per row up to float rounding (the prefill runs with
             fewer rows).
-        fused_decode: Run the one-token decoding steps of a supported model (Llama, Qwen2; see
-            :class:`creditlab.fused.FusedDecoder`) straight from its parameters with about half
-            the ops of its forward. Same logits up to float rounding; any other model (or
-            ``use_cache=False``) runs its own forward.
-        fused_shared_context_min: With ``fused_decode``, rows that share a context of at least
+        accelerator: ``auto``, ``none`` or ``fused`` (:mod:`creditlab.accel`; the shipped YAML
+            reads ``model.accelerator``): ``fused`` runs the one-token decoding steps of a
+            float32 Llama/Qwen2 model straight from its parameters with about half the ops of its
+            forward (same logits up to float rounding; ``use_cache=False`` always runs the
+            model's own forward); ``auto`` does so where the model is supported.
+        fused_shared_context_min: With fused decoding, rows that share a context of at least
             this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
             per group at every step; shorter contexts are copied to every row (two matrix
             products less per layer and step, which is cheaper when the context is short).
@@ -84,7 +87,7 @@ class HFBackend(GenerationBackend):
         compact_fraction: float = 0.25
         preallocate_kv: bool = True
         share_prefill: bool = True
-        fused_decode: bool = True
+        accelerator: str = "auto"
         fused_copy_budget_mb: float = 512.0
         fused_shared_context_min: int = 32
 
@@ -98,6 +101,8 @@ class HFBackend(GenerationBackend):
         self.last_effective: dict = {}
         self._keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+        #: The speed path (``choice.decoding``: ``fused`` or ``none``), recorded with the run.
+        self.accelerator: Choice = choose(self.config.accelerator, model)
         self._fused: FusedDecoder | None = None
 
     # ----------------------------------------------------------------------------- public API
@@ -131,7 +136,8 @@ class HFBackend(GenerationBackend):
         try:
             with torch.inference_mode():
                 self._fused = None  # the fused steps' decoder, with this call's weights
-                if self.config.fused_decode and self.config.use_cache and plan.max_new_tokens > 1:
+                fused = self.accelerator.decoding == "fused"
+                if fused and self.config.use_cache and plan.max_new_tokens > 1:
                     self._fused = FusedDecoder.build(self.model, self.config.fused_copy_budget_mb)
                 for lo in range(0, len(order), bs):
                     idx = order[lo : lo + bs]
@@ -155,6 +161,10 @@ class HFBackend(GenerationBackend):
         if state_dict is not None:
             with torch.no_grad():
                 self.model.load_state_dict(state_dict, strict=True)
+
+    def describe(self) -> dict[str, Any]:
+        """The speed path this backend chose (:mod:`creditlab.accel`), recorded with the run."""
+        return {"accelerator": self.accelerator.record()}
 
     def metrics(self) -> dict[str, float]:
         """Generated tokens, calls, seconds and tokens/s since the last call (then reset)."""

@@ -1,167 +1,46 @@
-"""Llama-architecture forward passes computed straight from the model's parameters, with fewer ops.
+"""Fused decoding steps for Llama/Qwen2 models in float32: the one-token steps of
+:class:`~creditlab.backends.hf.HFBackend` computed straight from the model's parameters, with
+about half the ops of the model's forward (``model.accelerator=fused``; ``auto`` picks it where
+:func:`~creditlab.accel.support.supported`).
 
-Two hot paths of a training step run a small ``transformers`` decoder many times, and for a small
-model much of their time is not the matrix products but the module machinery and the elementwise
-ops around them:
+For a small model most of a decoding step's time is not the matrix products but the module
+machinery and the elementwise ops around them. :class:`FusedDecoder` runs a batch of A rows, one
+new column each: q/k/v come from one matrix product and gate/up from another (the weights are
+concatenated and transposed once per ``generate`` call, within a memory budget; above it the
+module weights are used in place); the rotary embedding is computed once per step and applied to
+q and k together; attention for one query is two batched products and a softmax over keys/values
+the decoder keeps itself (no 4-D mask, no cache object). Rows that share a long context (a GRPO
+group's prompt) keep one copy of its keys/values and attend to it once per group, so the prompt is
+not re-read once per row.
 
-* :class:`FusedDecoder` — the one-token decoding steps of
-  :class:`~creditlab.backends.hf.HFBackend` (a batch of A rows, one new column each), with about
-  half the ops of the model's forward: q/k/v come from one matrix product and gate/up from another
-  (the weights are concatenated and transposed once per ``generate`` call, within a memory budget;
-  above it the module weights are used in place); the rotary embedding is computed once per step
-  and applied to q and k together; attention for one query is two batched products and a softmax
-  over keys/values the decoder keeps itself (no 4-D mask, no cache object). Rows that share a long
-  context (a GRPO group's prompt) keep one copy of its keys/values and attend to it once per
-  group, so the prompt is not re-read once per row.
-* :func:`creditlab.fused_train.shared_prompt_logits` — the training forward of :func:`creditlab.forward.response_logits`
-  (each distinct prompt once, the responses attending to their gathered prompt): the prompt tokens
-  and the response tokens go through every projection, norm and MLP as one batch (attention alone
-  runs per part), and RMSNorm and the rotary embedding have hand-written backward passes (fewer
-  passes over the activations than autograd's chains of small ops, no zero-filled slice
-  gradients).
-
-Both equal the model's forward up to float rounding: the formulas of RMSNorm, the rotary
+The logits equal the model's forward up to float rounding: the formulas of RMSNorm, the rotary
 embedding, attention, the MLP and the residuals are the model's own; what differs is how some are
-evaluated (fused or differently blocked products, ``addcmul`` for the rotary embedding, q scaled
-before ``q·k`` in decoding, the mean of squares from a norm in training, the analytic
-RMSNorm/rotary gradients). They are used only for models of the exact classes in
-:data:`SUPPORTED` whose every submodule is of the exact type ``transformers`` builds, in float32,
-with full attention in every layer, SiLU, the ``sdpa`` or ``eager`` attention implementation,
-``pretraining_tp == 1`` and no hooks on any module; for any other model :func:`supported` is False
-and the callers run the model's own forward.
+evaluated (fused products, ``addcmul`` for the rotary embedding, q scaled before ``q·k``). Used only
+for models of the exact classes in :data:`~creditlab.accel.support.SUPPORTED` whose every submodule is of the exact type
+``transformers`` builds, in float32, with full attention in every layer, SiLU, the ``sdpa`` or
+``eager`` attention implementation, ``pretraining_tp == 1`` and no hooks on any module; for any
+other model :func:`supported` is False and the backend runs the model's own forward. It reads
+``transformers`` internals (module classes, the rotary embedding's call, cache layers): the
+versions it is tested against are the ``accel`` extra of creditlab's ``pyproject.toml``.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules import module as nn_module
 
-__all__ = ["FusedDecoder", "SUPPORTED", "dynamic_rope", "supported"]
+from creditlab.accel.support import supported
+from creditlab.forward import dynamic_rope
 
-#: CausalLM class name -> (transformers module, class name prefix of its parts).
-SUPPORTED: dict[str, tuple[str, str]] = {
-    "LlamaForCausalLM": ("transformers.models.llama.modeling_llama", "Llama"),
-    "Qwen2ForCausalLM": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
-}
+__all__ = ["FusedDecoder"]
 
 #: Default budget for the concatenated/transposed weight copies (see ``FusedDecoder.build``).
 DEFAULT_COPY_BUDGET_MB = 512.0
 #: Default context width from which rows sharing a context share its keys/values in decoding
 #: (see ``FusedDecoder.start``).
 DEFAULT_MIN_SHARED_CONTEXT = 32
-
-
-def _classes(model: Any) -> dict[str, type] | None:
-    entry = SUPPORTED.get(type(model).__name__)
-    if entry is None:
-        return None
-    module_name, prefix = entry
-    try:
-        mod = importlib.import_module(module_name)
-    except ImportError:  # pragma: no cover - transformers without this architecture
-        return None
-    names = ("ForCausalLM", "Model", "DecoderLayer", "Attention", "MLP", "RMSNorm",
-             "RotaryEmbedding")
-    classes = {n: getattr(mod, prefix + n, None) for n in names}
-    if any(c is None for c in classes.values()) or type(model) is not classes["ForCausalLM"]:
-        return None
-    return classes
-
-
-def _no_hooks(model: torch.nn.Module) -> bool:
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called"):
-        if getattr(nn_module, name, None):
-            return False
-    for m in model.modules():
-        if m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__:
-            return False
-    return True
-
-
-def _plain_tensor(t: Any, dtype: torch.dtype, device: torch.device) -> bool:
-    return (
-        t is not None and type(t) in (torch.Tensor, torch.nn.Parameter)
-        and t.dtype == dtype and t.device == device and t.layout == torch.strided
-    )
-
-
-def supported(model: Any) -> bool:
-    """Whether ``model`` is exactly a supported architecture that the fused passes reproduce."""
-    classes = _classes(model)
-    if classes is None:
-        return False
-    base, config = getattr(model, "model", None), getattr(model, "config", None)
-    if type(base) is not classes["Model"] or config is None:
-        return False
-    if getattr(config, "pretraining_tp", 1) not in (1, None):
-        return False
-    if getattr(config, "hidden_act", None) not in ("silu", "swish"):
-        return False
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", None):
-        return False
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        return False
-    layers = list(base.layers)
-    if not layers or len(layers) != config.num_hidden_layers:
-        return False
-    weight = model.lm_head.weight if isinstance(model.lm_head, torch.nn.Linear) else None
-    if weight is None or weight.dtype != torch.float32:  # the norms compute in float32
-        return False
-    dtype, device = weight.dtype, weight.device
-    if type(model.lm_head) is not torch.nn.Linear:
-        return False
-    if type(base.embed_tokens) is not torch.nn.Embedding:
-        return False
-    if type(base.norm) is not classes["RMSNorm"]:
-        return False
-    if type(base.rotary_emb) is not classes["RotaryEmbedding"]:
-        return False
-    if base.embed_tokens.max_norm is not None:
-        return False
-    linears = [model.lm_head]
-    for layer in layers:
-        a, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if (type(layer) is not classes["DecoderLayer"] or type(a) is not classes["Attention"]
-                or type(mlp) is not classes["MLP"]):
-            return False
-        if (type(layer.input_layernorm) is not classes["RMSNorm"]
-                or type(layer.post_attention_layernorm) is not classes["RMSNorm"]):
-            return False
-        if getattr(a, "sliding_window", None) is not None:
-            return False
-        if type(mlp.act_fn).__name__ not in ("SiLUActivation", "SiLU"):
-            return False
-        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
-        linears += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    if any(type(lin) is not torch.nn.Linear for lin in linears):
-        return False
-    tensors = [lin.weight for lin in linears]
-    tensors += [lin.bias for lin in linears if lin.bias is not None]
-    tensors += [base.embed_tokens.weight, base.norm.weight]
-    tensors += [layer.input_layernorm.weight for layer in layers]
-    tensors += [layer.post_attention_layernorm.weight for layer in layers]
-    if not all(_plain_tensor(t, dtype, device) for t in tensors):
-        return False
-    return _no_hooks(model)
-
-
-def dynamic_rope(model: Any) -> bool:
-    """Whether the model's rotary embedding rescales its frequencies with the longest position it
-    is called with (``dynamic``/``longrope`` RoPE; ``transformers`` keeps that as module state):
-    then a prompt run apart from its response gets other frequencies than the full sequence."""
-    base = getattr(model, "get_base_model", None)
-    inner = base() if callable(base) else model
-    rotary = getattr(getattr(inner, "model", None), "rotary_emb", None)
-    rope_type = getattr(rotary, "rope_type", "default")
-    if isinstance(rope_type, dict):  # per layer type
-        return any("dynamic" in str(t) or t == "longrope" for t in rope_type.values())
-    return "dynamic" in str(rope_type) or rope_type == "longrope"
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:

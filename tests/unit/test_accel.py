@@ -1,22 +1,26 @@
-"""creditlab.fused: FusedDecoder's one-token steps equal the model's own forward (Llama, Qwen2; GQA,
+"""creditlab.accel: FusedDecoder's one-token steps equal the model's own forward (Llama, Qwen2; GQA,
 biases, tied embeddings, left padding, fused or in-place weights) and HFBackend samples the same
-tokens with it on or off; shared_prompt_logits gives the plain forward's logits and gradients; every
-model they do not reproduce exactly falls back to the model's forward."""
+tokens with it on or off; every model it does not reproduce exactly falls back to the model's
+forward; ``model.accelerator`` chooses it (auto / none / fused) and the run records the choice."""
 
 from __future__ import annotations
 
 import copy
 
+import creditlab.accel as accel
 import pytest
 import torch
-from creditlab.accel.fused import FusedDecoder
+from creditlab.accel import choose, tested_transformers
+from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.hf import HFBackend
 from creditlab.backends.kv_cache import make_cache
+from creditlab.errors import ConfigError
 from creditlab.types import GenerationRequest, SamplingParams
+from packaging.specifiers import SpecifierSet
 
 from tests.helpers import char_tokenizer, tiny_model_and_tokenizer, with_token_bias
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.accel]
 
 
 def _qwen2(tie: bool = True, kv_heads: int = 2):
@@ -144,7 +148,8 @@ def test_generate_samples_alike_with_fused_steps_on_or_off(name, cfg, monkeypatc
     model, tok = MODELS[name]()
     model = with_token_bias(model, {tok.eos_token_id: 1.5})  # rows end early: compaction
     on = HFBackend(HFBackend.Config(**cfg), model=model, tokenizer=tok)
-    off = HFBackend(HFBackend.Config(fused_decode=False, **cfg), model=model, tokenizer=tok)
+    off = HFBackend(HFBackend.Config(accelerator="none", **cfg), model=model, tokenizer=tok)
+    assert (on.accelerator.decoding, off.accelerator.decoding) == ("fused", "none")
     calls = []
     step = FusedDecoder.step
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
@@ -220,82 +225,23 @@ def test_unsupported_models_and_caches_fall_back():
 
 
 # ------------------------------------------------------------------------------------------------
-# Training forward
+# model.accelerator
 # ------------------------------------------------------------------------------------------------
-def _batch(prompt_lens=(3, 7, 5, 0), group=4, seed=0):
-    """Groups (one with an empty prompt) with responses of 1..8 tokens, rows shuffled."""
-    from creditlab.rollout import collate
-    from creditlab.types import Completion, Problem, Trajectory
-
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for g, plen in enumerate(prompt_lens):
-        prompt = tuple(torch.randint(5, 60, (plen,), generator=gen).tolist())
-        for _ in range(group):
-            n = int(torch.randint(1, 9, (1,), generator=gen))
-            resp = tuple(torch.randint(5, 60, (n,), generator=gen).tolist())
-            completion = Completion(prompt, resp, (0.0,) * n, "eos", "")
-            trajs.append(Trajectory(Problem(str(g), "q", "1"), completion, 0.0, g))
-    order = torch.randperm(len(trajs), generator=gen).tolist()
-    return collate([trajs[i] for i in order], 0)
-
-
-def _logits_and_grads(model, fn, batch):
-    from creditlab.losses import gather_logprobs
-
-    model.zero_grad(set_to_none=True)
-    logits = fn()
-    lp = gather_logprobs(logits, batch.response_ids)
-    weights = torch.linspace(-1.0, 1.0, batch.size)[:, None] * batch.response_mask
-    (-(lp * weights).sum() / batch.response_mask.sum()).backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return logits.detach(), grads
-
-
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_shared_prompt_logits_equal_plain_forward_and_gradients(name, monkeypatch):
-    import creditlab.forward as fwd
-    from creditlab.policy import forward_logits
-
-    model, _ = MODELS[name]()
-    model.train()
-    batch = _batch()
-    p, ids, mask = batch.prompt_len, batch.input_ids, batch.attention_mask
-    assert (mask[:, :p] == 0).any() and (mask[:, p:] == 0).any()  # left and right padding
-    used = []
-    real = fwd.shared_prompt_logits
-    monkeypatch.setattr(fwd, "shared_prompt_logits", lambda *a: used.append(1) or real(*a))
-    def plain():
-        return forward_logits(model, ids, mask)[:, p - 1 : -1].float()
-
-    want, g_want = _logits_and_grads(model, plain, batch)
-    got, g_got = _logits_and_grads(model, lambda: fwd.response_logits(model, ids, mask, p), batch)
-    shared = name != "llama-dynamic-rope"  # dynamic RoPE: the plain forward, prompts not shared
-    assert used == [1] * shared
-    unfused, g_unfused = _logits_and_grads(
-        model, lambda: fwd.response_logits(model, ids, mask, p, fused=False), batch)
-    assert used == [1] * shared
-    assert got.shape == want.shape and got.dtype == torch.float32
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # pads too
-    torch.testing.assert_close(unfused, want, atol=1e-5, rtol=0)
-    for a, b in zip(g_want, g_got):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
-    with torch.no_grad():
-        no_grad = fwd.response_logits(model, ids, mask, p)
-        torch.testing.assert_close(no_grad, want, atol=1e-5, rtol=0)
-
-
-def test_shared_prompt_logits_skip_hooked_models():
-    import creditlab.forward as fwd
-
-    model, _ = tiny_model_and_tokenizer(seed=3)
-    batch = _batch(seed=1)
-    calls = []
-    handle = model.model.layers[0].register_forward_hook(lambda *a: calls.append(1))
-    try:
-        with torch.no_grad():
-            fwd.response_logits(model, batch.input_ids, batch.attention_mask, batch.prompt_len)
-    finally:
-        handle.remove()
-    assert len(calls) == 2  # the hook ran: the model's own (shared) prompt and response passes
+def test_the_accelerator_choice_and_its_record(monkeypatch):
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    assert tested_transformers() is not None, "the accel extra states the tested transformers range"
+    assert choose("auto", model).decoding == "fused" and choose("fused", model).decoding == "fused"
+    assert choose("none", model).record() == {
+        "requested": "none", "decoding": "none", "reason": "model.accelerator=none"}
+    backend = HFBackend(HFBackend.Config(accelerator="auto"), model=model, tokenizer=tok)
+    assert backend.describe()["accelerator"]["decoding"] == "fused"
+    half = copy.deepcopy(model).to(torch.bfloat16)  # every real preset: bf16
+    assert choose("auto", half).decoding == "none" and "float32" in choose("auto", half).reason
+    with pytest.raises(ConfigError, match="model.accelerator=fused: LlamaForCausalLM is not a float32"):
+        choose("fused", half)
+    with pytest.raises(ConfigError, match="model.accelerator must be one of auto, none, fused"):
+        choose("fast", model)
+    monkeypatch.setattr(accel, "tested_transformers", lambda: SpecifierSet("<1"))
+    assert choose("auto", model).decoding == "none" and "outside the tested range" in choose("auto", model).reason
+    with pytest.raises(ConfigError, match="outside the tested range <1"):
+        choose("fused", model)
