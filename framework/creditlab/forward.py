@@ -25,7 +25,10 @@ try:  # transformers >= 4.56: per-layer cache objects
 except ImportError:  # pragma: no cover - older transformers: no sharing, plain forward only
     DynamicLayer = None
 
-__all__ = ["accepts_logits_to_keep", "branch_logits", "dynamic_rope", "response_logits", "unique_rows"]
+__all__ = [
+    "accepts_logits_to_keep", "branch_logits", "dynamic_rope", "position_ids", "response_logits",
+    "unique_rows",
+]
 
 _DROPOUT_CONFIG_KEYS = (
     "attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
@@ -56,8 +59,8 @@ def dynamic_rope(model: Any) -> bool:
     return "dynamic" in str(rope_type) or rope_type == "longrope"
 
 
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    # == creditlab.policy.position_ids; not imported, so that policy.py may import this module
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) positions counting only real tokens (left padding gets 0), from the (B, L) mask."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -123,12 +126,12 @@ def _plain(model: Any, ids: torch.Tensor, mask: torch.Tensor, p: int, keep: bool
     ``[p-1, p+T-1)`` go through the LM head (when the model takes ``logits_to_keep``)."""
     t = ids.shape[1] - p
     if p < 1 or t < 1:  # nothing to save; the plain slice (empty when p == 0)
-        pos = _position_ids(mask)
+        pos = position_ids(mask)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         return out.logits[:, p - 1 : -1]
     ids, mask = ids[:, :-1], mask[:, :-1]
     kwargs = {"logits_to_keep": t} if keep else {}
-    pos = _position_ids(mask)
+    pos = position_ids(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
     return out.logits if keep else out.logits[:, p - 1 :]
 
@@ -179,7 +182,7 @@ def response_logits(
     out = model(
         input_ids=input_ids[first, :p],
         attention_mask=prompt_mask,
-        position_ids=_position_ids(prompt_mask),
+        position_ids=position_ids(prompt_mask),
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
@@ -195,7 +198,7 @@ def response_logits(
     out = model(
         input_ids=input_ids[:, p:-1],
         attention_mask=mask,
-        position_ids=_position_ids(mask)[:, p:],
+        position_ids=position_ids(mask)[:, p:],
         past_key_values=cache,
         use_cache=True,
     )
@@ -245,7 +248,7 @@ def branch_logits(
     if cache is None:
         return None
     model_out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask),
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
         past_key_values=cache, use_cache=True, logits_to_keep=1,
     )
     trunk_cache = model_out.past_key_values

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from creditlab.forward import branch_logits
+from creditlab.forward import branch_logits, position_ids
 from creditlab.interfaces import GenerationBackend, PolicyHandle, offset_embeddings
 from creditlab.losses import gather_logprobs
 from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
@@ -25,11 +25,6 @@ def encode_prompt(tokenizer: Any, text: str) -> tuple[int, ...]:
             ids = ids["input_ids"]
         return tuple(int(i) for i in ids)
     return tuple(tokenizer(text, add_special_tokens=True)["input_ids"])
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) positions counting only real tokens (left padding gets 0)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from creditlab.policy import ModelPolicyHandle, position_ids
+from creditlab.forward import position_ids
+from creditlab.policy import ModelPolicyHandle
 from creditlab.testing import FakePolicyHandle
 
 from tests.helpers import tiny_model_and_tokenizer

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 from creditlab.errors import ConfigError
-from creditlab.policy import ModelPolicyHandle, position_ids
+from creditlab.forward import position_ids
+from creditlab.policy import ModelPolicyHandle
 from creditlab.registry import build_part, registry
 from creditlab.rollout import collate
 from creditlab.testing import check_part, pad_batch

@@ -33,7 +33,7 @@ from creditlab.backends.sampling import (
     split_stops,
     validate_sampling,
 )
-from creditlab.forward import accepts_logits_to_keep
+from creditlab.forward import accepts_logits_to_keep, position_ids
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
@@ -263,7 +263,7 @@ class HFBackend(GenerationBackend):
         # (left padding, then one column per generated token).
         mask = torch.ones((n, width + max_new), dtype=torch.long, device=device)
         mask[:, :width] = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
-        pos = (mask[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        pos = position_ids(mask[:, :width])
         has_pad = any(len(c) < width for c in contexts)
         last_pos = pos[:, -1].clone()  # (A,) position of each row's latest token
         rows = torch.arange(n, device=device)  # batch row -> request row
