@@ -13,6 +13,11 @@ Reported: medians over the rounds after ``--warmup``, the step (rollouts + updat
 setting, and the saving as a share of the step without the speed path. A hand-written path is
 kept only while this share is at least 10% (docs/architecture.md, "Speed paths").
 
+``--compile N`` then compiles the model's forward (``model.accelerator=compile``:
+``torch.compile(model.forward, dynamic=True)``) and runs N more rounds with it (after the
+interleaved ones: compiling cannot be undone in a process): the first round's time (compiling
+included) and the median of the others.
+
 Usage::
 
     python benchmarks/accel_step.py                       # the embedded default, 2 threads
@@ -37,11 +42,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20, help="measured rounds (default 20)")
     ap.add_argument("--warmup", type=int, default=2, help="rounds discarded first (default 2)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--compile", type=int, default=0, metavar="N",
+                    help="then N rounds with model.accelerator=compile (default 0: skip)")
     ap.add_argument("--json", default=None, help="write the raw timings here")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run config")
     args = ap.parse_args()
 
     import torch
+    from creditlab.accel import compile_model
     from creditlab.aggregation import MiniBatchStats
     from creditlab.backends.hf import HFBackend
     from creditlab.config import build_parts
@@ -59,9 +67,9 @@ def main() -> None:
     rollout, loss_cfg = checked["rollout"], checked["loss"]
     backends = {
         mode: HFBackend(HFBackend.Config(accelerator=mode), model=model, tokenizer=tok)
-        for mode in ("none", "auto")
+        for mode in ("none", "auto", "compile")
     }
-    if backends["auto"].accelerator.decoding != "fused":
+    if backends["auto"].accelerator.path != "fused":
         sys.exit(f"nothing to compare: {backends['auto'].accelerator.reason}")
     problems = list(parts["task"].load("train"))
     k = checked["run"].prompts_per_step
@@ -106,6 +114,21 @@ def main() -> None:
         print(f"{mode:12} {m['rollouts']:11.3f} {m['update']:9.3f} {m['step']:8.3f}")
     print(f"saved per step: {saved:.3f} s = {saved / med['none']['step']:.1%} of the step without it "
           f"(rollouts {med['auto']['rollouts'] / med['none']['rollouts']:.2f}x)")
+    if args.compile:
+        compile_model(model, "compile")
+        start = args.warmup + args.rounds
+        times["compile"] = [step("compile", start + r) for r in range(args.compile)]
+        first, rest = times["compile"][0], times["compile"][1:]
+        med["compile"] = {
+            "first_step": sum(first),
+            "rollouts": statistics.median(t[0] for t in rest),
+            "update": statistics.median(t[1] for t in rest),
+            "step": statistics.median(sum(t) for t in rest),
+        }
+        m = med["compile"]
+        print(f"{'compile':12} {m['rollouts']:11.3f} {m['update']:9.3f} {m['step']:8.3f}   "
+              f"(first round, compiling included: {m['first_step']:.1f} s; median of the other "
+              f"{len(rest)}; {m['step'] / med['none']['step']:.2f}x the step without a speed path)")
     if args.json:
         Path(args.json).write_text(json.dumps({"medians": med, "raw": times}, indent=2))
 

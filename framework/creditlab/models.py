@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from creditlab.accel import MODES
+from creditlab.accel import MODES, compile_model
 from creditlab.errors import ConfigError
 from creditlab.registry import build_config, registry
 
@@ -85,8 +85,9 @@ class ModelConfig:
         hints: Free-form facts about this model for the plug-ins that ask (a model preset's
             ``hints``, read by plug-in configs through interpolation, e.g. the prompt format a
             reset selector should use); the core never reads them.
-        accelerator: Optional speed path for this model class (:mod:`creditlab.accel`): ``auto``
-            (where supported), ``none`` or ``fused``; the HF backend's ``accelerator`` reads it.
+        accelerator: Optional speed path (:mod:`creditlab.accel`): ``auto`` (fused decoding where
+            supported), ``none``, ``fused`` or ``compile`` (``torch.compile`` of the forward,
+            applied by :func:`load_policy`); the HF backend's ``accelerator`` reads it too.
     """
 
     name_or_path: str | None = None
@@ -121,7 +122,8 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 def load_policy(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Any, str]:
     """``(model, tokenizer, path)`` loaded with ``from_pretrained``, the same path for every model,
-    with LoRA adapters when ``cfg.lora.enabled`` (initialized from ``seed``)."""
+    with LoRA adapters when ``cfg.lora.enabled`` (initialized from ``seed``) and its forward
+    compiled when ``cfg.accelerator`` is ``compile``."""
     path = resolve_model_path(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
@@ -135,7 +137,7 @@ def load_policy(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Any, str]:
         ) from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return apply_lora(model, cfg.lora, seed), tokenizer, path
+    return compile_model(apply_lora(model, cfg.lora, seed), cfg.accelerator), tokenizer, path
 
 
 #: Module types ``peft``'s LoRA can adapt (matched by class name, so that ``transformers``'

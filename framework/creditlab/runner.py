@@ -87,8 +87,8 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
 
     model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
     parts = build_parts(checked, model, tokenizer)
-    described = parts["backend"].describe()
-    _record(out_dir / "environment.json", model_path=str(model_path), backend=described)
+    described = {"accelerator": checked["model"].accelerator, "backend": parts["backend"].describe()}
+    _record(out_dir / "environment.json", model_path=str(model_path), **described)
     reference = None
     if loss.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -122,7 +122,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     # The step loader yields step indices; the module shards each step's prompts over the ranks.
     trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir),
                        use_distributed_sampler=False)
-    loggers = _loggers(cfg, out_dir, resume_step, run_cfg, {"backend": described})
+    loggers = _loggers(cfg, out_dir, resume_step, run_cfg, described)
     trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
     try:
         trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)

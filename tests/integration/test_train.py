@@ -36,6 +36,7 @@ def test_run_writes_everything(tmp_path):
     env = json.loads((tmp_path / "environment.json").read_text())
     assert {"python", "torch", "transformers", "creditlab", "model_path"} <= set(env)
     assert Path(env["model_path"]).is_dir()
+    assert env["accelerator"] == "auto" and env["backend"]["accelerator"]["path"] == "fused"
     assert summary["steps"] == 2
 
 
@@ -79,3 +80,13 @@ def test_method_presets_run(tmp_path, method):
         assert 0.0 <= row["train/rollout/reset/fallback_rate"] <= 1.0
     if method == "srpo_oracle":
         assert row.get("train/rollout/reset/oracle_exact", 1.0) == 1.0
+
+
+def test_compiled_model_trains_and_is_recorded(tmp_path):
+    """``model.accelerator=compile`` (torch.compile of the forward; ~1.5 min of compiling here):
+    decoding, the shared-prompt training forward and its backward run compiled; the run records it."""
+    _train(tmp_path, "trainer.max_steps=2", "eval.every=0", "model.accelerator=compile")
+    train = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2] and all(r["train/grad_norm"] > 0 for r in train)
+    env = json.loads((tmp_path / "environment.json").read_text())
+    assert env["accelerator"] == "compile" and env["backend"]["accelerator"]["path"] == "compile"

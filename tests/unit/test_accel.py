@@ -149,7 +149,7 @@ def test_generate_samples_alike_with_fused_steps_on_or_off(name, cfg, monkeypatc
     model = with_token_bias(model, {tok.eos_token_id: 1.5})  # rows end early: compaction
     on = HFBackend(HFBackend.Config(**cfg), model=model, tokenizer=tok)
     off = HFBackend(HFBackend.Config(accelerator="none", **cfg), model=model, tokenizer=tok)
-    assert (on.accelerator.decoding, off.accelerator.decoding) == ("fused", "none")
+    assert (on.accelerator.path, off.accelerator.path) == ("fused", "none")
     calls = []
     step = FusedDecoder.step
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
@@ -230,18 +230,36 @@ def test_unsupported_models_and_caches_fall_back():
 def test_the_accelerator_choice_and_its_record(monkeypatch):
     model, tok = tiny_model_and_tokenizer(seed=0)
     assert tested_transformers() is not None, "the accel extra states the tested transformers range"
-    assert choose("auto", model).decoding == "fused" and choose("fused", model).decoding == "fused"
+    assert choose("auto", model).path == "fused" and choose("fused", model).path == "fused"
     assert choose("none", model).record() == {
-        "requested": "none", "decoding": "none", "reason": "model.accelerator=none"}
+        "requested": "none", "path": "none", "reason": "model.accelerator=none"}
     backend = HFBackend(HFBackend.Config(accelerator="auto"), model=model, tokenizer=tok)
-    assert backend.describe()["accelerator"]["decoding"] == "fused"
+    assert backend.describe()["accelerator"]["path"] == "fused"
     half = copy.deepcopy(model).to(torch.bfloat16)  # every real preset: bf16
-    assert choose("auto", half).decoding == "none" and "float32" in choose("auto", half).reason
+    assert choose("auto", half).path == "none" and "float32" in choose("auto", half).reason
     with pytest.raises(ConfigError, match="model.accelerator=fused: LlamaForCausalLM is not a float32"):
         choose("fused", half)
-    with pytest.raises(ConfigError, match="model.accelerator must be one of auto, none, fused"):
+    with pytest.raises(ConfigError, match="model.accelerator must be one of auto, none, fused, compile"):
         choose("fast", model)
     monkeypatch.setattr(accel, "tested_transformers", lambda: SpecifierSet("<1"))
-    assert choose("auto", model).decoding == "none" and "outside the tested range" in choose("auto", model).reason
+    assert choose("auto", model).path == "none" and "outside the tested range" in choose("auto", model).reason
     with pytest.raises(ConfigError, match="outside the tested range <1"):
         choose("fused", model)
+
+
+def test_compile_wraps_the_forward_and_keeps_the_parameters(monkeypatch):
+    """``model.accelerator=compile``: the loader compiles ``model.forward`` (dynamic shapes) and
+    nothing else; the backend then decodes through that forward, not the fused steps."""
+    import torch
+    from creditlab.accel import compile_model
+
+    model, tok = tiny_model_and_tokenizer(seed=0)
+    names = [n for n, _ in model.named_parameters()]
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    assert compile_model(model, "none") is model and seen == []
+    assert compile_model(model, "compile") is model and seen == [{"dynamic": True}]
+    assert [n for n, _ in model.named_parameters()] == names
+    assert choose("compile", model).path == "compile"
+    assert HFBackend(HFBackend.Config(accelerator="compile"), model=model, tokenizer=tok).describe() == {
+        "accelerator": {"requested": "compile", "path": "compile", "reason": "torch.compile(model.forward, dynamic=True)"}}

@@ -1,19 +1,23 @@
 """Optional speed paths for specific model classes, outside the core: the core runs without them.
 
-One path is kept, because the benchmark shows it pays for itself (``benchmarks/README.md``,
-"Accelerators"): :class:`~creditlab.accel.fused_decode.FusedDecoder`, the HF backend's one-token
-decoding steps for float32 Llama/Qwen2 models computed straight from the parameters. ``model.
-accelerator`` chooses per run:
+``model.accelerator`` chooses one per run (``benchmarks/README.md``, "Accelerators", has the
+measurements behind each):
 
-* ``auto`` (default): fused decoding where :func:`~creditlab.accel.support.supported` accepts the
-  model and the installed ``transformers`` is within the tested range, else ``none``;
-* ``none``: the model's own forward everywhere;
+* ``auto`` (default): fused decoding (:class:`~creditlab.accel.fused_decode.FusedDecoder`, the HF
+  backend's one-token steps for float32 Llama/Qwen2 models computed straight from the parameters)
+  where :func:`~creditlab.accel.support.supported` accepts the model and the installed
+  ``transformers`` is within the tested range; else ``none``. No start-up cost.
+* ``none``: the model's own forward everywhere.
 * ``fused``: fused decoding, and an error naming the reason when the model or the
   ``transformers`` version is not one it is tested with.
+* ``compile``: ``torch.compile(model.forward, dynamic=True)`` for decoding and training alike (a
+  well-kept library instead of hand-written kernels): much faster steps once compiled, but the
+  first compile takes minutes on a CPU, so it pays on long runs only.
 
-The tested ``transformers`` range is the ``accel`` extra of creditlab's ``pyproject.toml``
-(installed metadata, so wheels carry it too). What a run used is recorded in its
-``environment.json`` (``backend.accelerator``) and in the W&B run's config.
+The tested ``transformers`` range of the fused path is the ``accel`` extra of creditlab's
+``pyproject.toml`` (installed metadata, so wheels carry it too). What a run used is recorded in its
+``environment.json`` (``accelerator``, and ``backend.accelerator`` for the decoding path) and in
+the W&B run's config.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+import torch
 import transformers
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -30,7 +35,7 @@ from packaging.version import Version
 from creditlab.accel.support import supported
 from creditlab.errors import ConfigError
 
-MODES = ("auto", "none", "fused")
+MODES = ("auto", "none", "fused", "compile")
 
 
 def tested_transformers() -> SpecifierSet | None:
@@ -53,16 +58,16 @@ class Choice:
 
     Attributes:
         requested: ``model.accelerator``.
-        decoding: ``fused`` or ``none``.
+        path: ``fused`` (fused decoding), ``compile`` (the compiled model forward) or ``none``.
         reason: Why, in a sentence (recorded with the run).
     """
 
     requested: str
-    decoding: str
+    path: str
     reason: str
 
     def record(self) -> dict[str, str]:
-        return {"requested": self.requested, "decoding": self.decoding, "reason": self.reason}
+        return {"requested": self.requested, "path": self.path, "reason": self.reason}
 
 
 def choose(mode: str, model: Any) -> Choice:
@@ -76,6 +81,8 @@ def choose(mode: str, model: Any) -> Choice:
         raise ConfigError(f"model.accelerator must be one of {', '.join(MODES)}; got '{mode}'.")
     if mode == "none":
         return Choice(mode, "none", "model.accelerator=none")
+    if mode == "compile":
+        return Choice(mode, "compile", "torch.compile(model.forward, dynamic=True)")
     name = type(model).__name__
     if not supported(model):
         why = (f"{name} is not a float32 Llama/Qwen2 model of the exact transformers classes the "
@@ -91,3 +98,12 @@ def choose(mode: str, model: Any) -> Choice:
                               "or install a tested transformers (pip install 'creditlab[accel]').")
         return Choice(mode, "none", why)
     return Choice(mode, "fused", f"{name} is supported" + (f" (transformers {have})" if tested else ""))
+
+
+def compile_model(model: Any, mode: str) -> Any:
+    """``model`` with its forward compiled (``torch.compile(model.forward, dynamic=True)``) when
+    ``mode`` is ``compile``, else ``model`` unchanged. The parameters and their names are the
+    model's own (checkpoints and weight syncs are unaffected); only the call is compiled."""
+    if mode == "compile":
+        model.forward = torch.compile(model.forward, dynamic=True)
+    return model

@@ -68,11 +68,12 @@ class HFBackend(GenerationBackend):
             otherwise every row is prefilled). Sampling is unchanged: the same RNG draws in the
             same order, on the same logits per row up to float rounding (the prefill runs with
             fewer rows).
-        accelerator: ``auto``, ``none`` or ``fused`` (:mod:`creditlab.accel`; the shipped YAML
-            reads ``model.accelerator``): ``fused`` runs the one-token decoding steps of a
-            float32 Llama/Qwen2 model straight from its parameters with about half the ops of its
-            forward (same logits up to float rounding; ``use_cache=False`` always runs the
-            model's own forward); ``auto`` does so where the model is supported.
+        accelerator: ``auto``, ``none``, ``fused`` or ``compile`` (:mod:`creditlab.accel`; the
+            shipped YAML reads ``model.accelerator``): ``fused`` runs the one-token decoding steps
+            of a float32 Llama/Qwen2 model straight from its parameters with about half the ops
+            of its forward (same logits up to float rounding; ``use_cache=False`` always runs the
+            model's own forward); ``auto`` does so where the model is supported; ``compile`` and
+            ``none`` run the model's forward (compiled or not by the model loader).
         fused_shared_context_min: With fused decoding, rows that share a context of at least
             this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
             per group at every step; shorter contexts are copied to every row (two matrix
@@ -101,7 +102,7 @@ class HFBackend(GenerationBackend):
         self.last_effective: dict = {}
         self._keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
-        #: The speed path (``choice.decoding``: ``fused`` or ``none``), recorded with the run.
+        #: The speed path (``path``: ``fused``, ``compile`` or ``none``), recorded with the run.
         self.accelerator: Choice = choose(self.config.accelerator, model)
         self._fused: FusedDecoder | None = None
 
@@ -136,7 +137,7 @@ class HFBackend(GenerationBackend):
         try:
             with torch.inference_mode():
                 self._fused = None  # the fused steps' decoder, with this call's weights
-                fused = self.accelerator.decoding == "fused"
+                fused = self.accelerator.path == "fused"
                 if fused and self.config.use_cache and plan.max_new_tokens > 1:
                     self._fused = FusedDecoder.build(self.model, self.config.fused_copy_budget_mb)
                 for lo in range(0, len(order), bs):
