@@ -235,20 +235,6 @@ def test_module_response_logits_and_old_logprobs_equal_plain():
     torch.testing.assert_close(old, want_lp, atol=1e-5, rtol=0)
 
 
-def _zoo_batch(prompt_lens=(3, 7, 5, 0), group=4, seed=0):
-    """Groups (one with an empty prompt) with responses of 1..8 tokens, rows shuffled."""
-    gen = torch.Generator().manual_seed(seed)
-    trajs = []
-    for g, plen in enumerate(prompt_lens):
-        prompt = tuple(torch.randint(5, 60, (plen,), generator=gen).tolist())
-        for _ in range(group):
-            n = int(torch.randint(1, 9, (1,), generator=gen))
-            resp = tuple(torch.randint(5, 60, (n,), generator=gen).tolist())
-            trajs.append(Trajectory(Problem(str(g), "q", "1"), Completion(prompt, resp, (0.0,) * n, "eos", ""), 0.0, g))
-    order = torch.randperm(len(trajs), generator=gen).tolist()
-    return collate([trajs[i] for i in order], 0)
-
-
 @pytest.mark.parametrize("name", ["llama-dynamic-rope", "llama-mha", "llama-head-bias", "qwen2-tied", "qwen2-mqa"])
 def test_shared_prompts_equal_plain_forward_on_every_architecture(name):
     """The public cache path (each prompt once) equals the plain forward's logits and gradients
@@ -257,7 +243,7 @@ def test_shared_prompts_equal_plain_forward_on_every_architecture(name):
 
     model, _ = MODELS[name]()
     model.train()
-    batch = _zoo_batch()
+    batch = _rollout(prompt_lens=(3, 7, 5, 0))  # one group with an empty prompt
     p, ids, mask = batch.prompt_len, batch.input_ids, batch.attention_mask
     assert (mask[:, :p] == 0).any() and (mask[:, p:] == 0).any()  # left and right padding
 
