@@ -21,11 +21,14 @@ from typing import Any, NoReturn
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
-from creditlab.compose import SUBMITIT_MISSING, compose, searchpath_override, split_searchpath
+from creditlab.compose import (
+    CONF_DIR, SUBMITIT_MISSING, compose, searchpath_override, split_searchpath,
+)
 from creditlab.config import validate
 from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.registry import REGISTRIES, conf_entries
@@ -89,12 +92,24 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
             keys = []
         hint = closest(leaf, keys)
         where = f"'{parent}'" if parent else "the top level"
+        owners = _options_with_key(parent, leaf)
         return (
             f"unknown config key '{path}'." + (f" Did you mean '{(parent + '.') if parent else ''}{hint}'?" if hint else "")
+            + (f" It is a key of {' or '.join(f'{parent}={o}' for o in owners)}: choose that option."
+               if owners else "")
             + (f" Keys under {where}: {', '.join(sorted(keys))}." if keys else "")
             + f" (Add a genuinely new key with '+{path}=...'.)"
         )
     return text + (f" ({cause})" if cause else "")
+
+
+def _options_with_key(group: str, key: str) -> list[str]:
+    """The options of config group ``group`` (``conf/<group>/*.yaml``) that set ``key`` (e.g.
+    ``rollout.split`` belongs to ``rollout=resets``)."""
+    folder = CONF_DIR / group
+    if not group or "." in group or not folder.is_dir():
+        return []
+    return [f.stem for f in sorted(folder.glob("*.yaml")) if key in (OmegaConf.load(f) or {})]
 
 
 def check(overrides: list[str]) -> Any:

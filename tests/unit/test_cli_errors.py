@@ -76,3 +76,20 @@ def test_vllm_backend_without_vllm_names_the_install_command(capsys):
         pytest.skip("vLLM is installed here")
     err = _message(capsys, ["backend=vllm"])
     assert err.count("\n") == 1 and "make setup-vllm" in err and "creditlab[vllm]" in err
+
+
+def test_rollout_strategy_keys_and_selectors_name_the_fix(capsys):
+    """The reset buffer's keys belong to rollout=resets; a selector needs a strategy that resets
+    (and back); a split that does not fit the group; a misspelt strategy key."""
+    err = _message(capsys, ["rollout.split=2x4"])
+    assert "It is a key of rollout=resets: choose that option." in err
+    err = _message(capsys, ["reset_selector=random"])
+    assert "reset_selector=random does nothing with rollout=plain" in err and "resets" in err
+    err = _message(capsys, ["method=srpo", "reset_selector=none"])
+    assert "rollout=resets asks a reset selector" in err and "oracle, random, self_localize" in err
+    err = _message(capsys, ["method=srpo", "rollout.split=3x4"])
+    assert "rollout.split='3x4' needs R, K >= 1 and R*K <= rollout.group_size (8)" in err
+    err = _message(capsys, ["method=srpo", "rollout.spilt=1x4"])
+    assert "Did you mean 'rollout.split'" in err
+    err = _message(capsys, ["model.accelerator=fast"])
+    assert "model.accelerator must be one of auto, none, fused, compile" in err
