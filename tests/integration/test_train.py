@@ -84,8 +84,17 @@ def test_method_presets_run(tmp_path, method):
 
 def test_compiled_model_trains_and_is_recorded(tmp_path):
     """``model.accelerator=compile`` (torch.compile of the forward; ~1.5 min of compiling here):
-    decoding, the shared-prompt training forward and its backward run compiled; the run records it."""
-    _train(tmp_path, "trainer.max_steps=2", "eval.every=0", "model.accelerator=compile")
+    decoding, the shared-prompt training forward and its backward run compiled; the run records it.
+    Its own process, as a user runs it: in a test session another test may have imported the
+    standard library's distutils, which setuptools (imported by inductor's C++ builder) refuses."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "creditlab.cli", "train", *SMALL, f"run_dir={tmp_path}",
+           "trainer.max_steps=2", "eval.every=0", "model.accelerator=compile"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     train = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all(isinstance(v, (int, float)) for r in train for v in r.values()), "no NaN/inf strings"
