@@ -29,7 +29,7 @@ from rich.table import Table
 from creditlab.compose import (
     CONF_DIR, SUBMITIT_MISSING, compose, searchpath_override, split_searchpath,
 )
-from creditlab.config import validate
+from creditlab.config import check_machine, validate
 from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.registry import REGISTRIES, conf_entries
 
@@ -120,8 +120,12 @@ def check(overrides: list[str]) -> Any:
             cfg = compose(variant)
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
             _error(_explain(exc, variant))
+        # A launcher other than Hydra's basic one runs the jobs elsewhere (e.g. SLURM GPU nodes).
+        here = not any(o.lstrip("+~").startswith("hydra/launcher=") and not o.endswith("=basic") for o in variant)
         try:
-            validate(cfg)
+            checked = validate(cfg)
+            if here and "launch" in checked:
+                check_machine(cfg, checked["launch"])
         except (ConfigError, RegistryError) as exc:
             _error(str(exc))
         first = first if first is not None else cfg

@@ -8,12 +8,14 @@ the model loads.
 
 from __future__ import annotations
 
+import math
 import platform
 import subprocess
 from dataclasses import dataclass, fields
 from importlib import metadata
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.compose import CONF_DIR
@@ -64,6 +66,144 @@ class RunConfig:
 SECTIONS: dict[str, type] = {"loss": LossConfig, "eval": EvalConfig, "model": ModelConfig}
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values one numeric key allows: a finite number (an integer when ``integer``; a list of
+    ``length`` such numbers when ``length``) from ``low`` to ``high`` (inclusive unless ``open_low``
+    / ``open_high``; None = unbounded), or null when ``optional``. ``note`` says what a special
+    value means; ``part``: the key is only checked when its section names this part (``backend``)."""
+
+    low: float | None = None
+    high: float | None = None
+    integer: bool = False
+    open_low: bool = False
+    open_high: bool = False
+    optional: bool = False
+    length: int = 0
+    note: str = ""
+    part: str | None = None
+
+    def allows(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.length:
+            return isinstance(value, (list, tuple)) and len(value) == self.length and all(
+                self._number_ok(v) for v in value
+            )
+        return self._number_ok(value)
+
+    def _number_ok(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, int if self.integer else (int, float)):
+            return False
+        if not math.isfinite(v):
+            return False
+        low_ok = self.low is None or (v > self.low if self.open_low else v >= self.low)
+        return low_ok and (self.high is None or (v < self.high if self.open_high else v <= self.high))
+
+    def text(self) -> str:
+        """The allowed values in words, e.g. ``a finite number in (0, 1]``."""
+        what = "an integer" if self.integer else "a finite number"
+        if self.low is not None and self.high is not None:
+            lo, hi = "(" if self.open_low else "[", ")" if self.open_high else "]"
+            bound = f" in {lo}{_num(self.low)}, {_num(self.high)}{hi}"
+        elif self.low is not None:
+            bound = f" {'>' if self.open_low else '>='} {_num(self.low)}"
+        elif self.high is not None:
+            bound = f" {'<' if self.open_high else '<='} {_num(self.high)}"
+        else:
+            bound = ""
+        if self.length:
+            what = f"a list of {self.length} {'integers' if self.integer else 'finite numbers'}"
+        out = ("null or " if self.optional else "") + what + bound
+        return out + (f" ({self.note})" if self.note else "")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else str(x)
+
+
+def _int(low: int, note: str = "", **kw: Any) -> Range:
+    return Range(low=low, integer=True, note=note, **kw)
+
+
+#: Every numeric key of the core sections and the libraries' sections, with its allowed values:
+#: checked on the composed config before anything loads (:func:`check_ranges`), listed in
+#: docs/configuration.md. Keys a section does not set are skipped.
+RANGES: dict[str, Range] = {
+    "seed": _int(0, high=2**32 - 1),
+    "prompts_per_step": _int(1),
+    "grad_clip": Range(0, note="0 = no clipping"),
+    "checkpoint_every": _int(0, "0 = only at the end"),
+    "threads": _int(0, "0 = torch's default"),
+    "rollout.group_size": _int(1),
+    "rollout.temperature": Range(0, note="0 = greedy decoding"),
+    "rollout.top_p": Range(0, 1, open_low=True, note="1 = no nucleus truncation"),
+    "rollout.top_k": _int(0, "0 = no top-k truncation"),
+    "rollout.max_new_tokens": _int(1),
+    "rollout.max_thoughts": _int(1),
+    "rollout.max_thought_tokens": _int(1),
+    "rollout.truncation_reward": Range(),
+    "rollout.success_reward": Range(),
+    "optim.lr": Range(0, open_low=True),
+    "optim.weight_decay": Range(0),
+    "optim.betas": Range(0, 1, open_high=True, length=2),
+    "optim.eps": Range(0, open_low=True),
+    "optim.momentum": Range(0),
+    "eval.every": _int(0, "0 = never"),
+    "eval.problems": _int(0, "0 = every test problem"),
+    "eval.samples": _int(0, "0 = greedy pass@1 only"),
+    "eval.k": _int(1),
+    "eval.temperature": Range(0, note="0 = greedy decoding"),
+    "eval.batch_size": _int(1),
+    "trainer.max_steps": _int(1, "RL steps"),
+    "trainer.num_nodes": _int(1),
+    "trainer.log_every_n_steps": _int(1),
+    "trainer.num_sanity_val_steps": _int(0),
+    "backend.max_batch_size": _int(1, part="hf"),
+    "backend.compact_fraction": Range(0, 1, part="hf"),
+    "backend.fused_copy_budget_mb": Range(0, part="hf"),
+    "backend.fused_shared_context_min": _int(0, part="hf"),
+    "backend.max_model_len": _int(1, "null = the model's max_position_embeddings", optional=True, part="vllm"),
+    "backend.kv_cache_gib": Range(0, open_low=True, part="vllm"),
+    "backend.gpu_memory_utilization": Range(0, 1, open_low=True, part="vllm"),
+    "backend.max_num_seqs": _int(1, part="vllm"),
+}
+#: String-valued library keys and the values they allow.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "trainer.accelerator": ("cpu", "gpu", "cuda", "mps", "tpu", "hpu", "auto"),
+    "trainer.precision": (
+        "32-true", "32", 32, "64-true", "64", 64, "16-mixed", "16", 16, "bf16-mixed", "bf16",
+        "16-true", "bf16-true", "transformer-engine", "transformer-engine-float16",
+    ),
+}
+_ABSENT = object()
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Check every key of :data:`RANGES` and :data:`CHOICES` that ``cfg`` sets.
+
+    Raises:
+        ConfigError: Naming the key, its value and the values it allows.
+    """
+    for path, rng in RANGES.items():
+        value = OmegaConf.select(cfg, path, default=_ABSENT)
+        section = path.partition(".")[0]
+        if value is _ABSENT or (rng.part and OmegaConf.select(cfg, f"{section}.name") != rng.part):
+            continue
+        value = _plain(value) if isinstance(value, DictConfig) else value
+        value = list(value) if OmegaConf.is_list(value) else value
+        if not rng.allows(value):
+            raise ConfigError(f"{path}={value!r}: must be {rng.text()}.")
+    for path, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, path, default=_ABSENT)
+        if value is not _ABSENT and not isinstance(value, DictConfig) and value not in allowed:
+            hint = closest(str(value), [str(a) for a in allowed])
+            raise ConfigError(
+                f"{path}={value!r}: must be one of {', '.join(dict.fromkeys(str(a) for a in allowed))}."
+                + (f" Did you mean '{hint}'?" if hint else "")
+            )
+
+
 def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
@@ -100,6 +240,31 @@ def _rollout_section(options: dict[str, Any]) -> tuple[RolloutConfig, str, type,
     config = build_config(cls.Config, {k: v for k, v in options.items() if k in own}, "rollout")
     cls.check(config, core)
     return core, name, cls, config
+
+
+def check_machine(cfg: DictConfig, launch: Any) -> None:
+    """What running ``cfg`` on this machine needs beyond a valid config (:func:`validate` also
+    accepts configs meant for other machines): a GPU accelerator needs as many CUDA GPUs as
+    ``trainer.devices`` asks (``launch``: the :class:`~creditlab.layout.LaunchPlan`).
+
+    Raises:
+        ConfigError: Naming what this machine has and the setting to use instead.
+    """
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator", default="cpu")
+    if accelerator not in ("gpu", "cuda"):
+        return
+    have = torch.cuda.device_count()
+    remote = "or run it on GPU nodes with hydra/launcher=slurm"
+    if have == 0:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} needs a CUDA GPU, but torch finds none on this machine: "
+            f"use trainer=cpu (one process) or trainer=ddp (data parallel over CPU cores), {remote}."
+        )
+    if launch.devices > have:
+        raise ConfigError(
+            f"trainer.devices={launch.devices} asks for {launch.devices} GPUs, but this machine has "
+            f"{have}: set trainer.devices={have}, {remote}."
+        )
 
 
 def _check_reset_selector(strategy: str, uses: bool, selector: str) -> None:
@@ -141,6 +306,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
                 + (f" Did you mean '{hint}'?" if hint else "")
                 + f" Valid keys: {', '.join(sorted(known))}."
             )
+    check_ranges(cfg)
     top = {k: _plain(cfg[k]) for k in cfg if k in {f.name for f in fields(RunConfig)}}
     out: dict[str, Any] = {"run": build_config(RunConfig, top, "config")}
     core, strategy_name, strategy, strategy_config = _rollout_section(dict(_plain(cfg.get("rollout", {})) or {}))
