@@ -1,7 +1,9 @@
-"""Sandbox child, part 1 of 3: the namespace root, resource limits and dropping privileges.
+"""Sandbox child, part 1 of 4: namespace root, cgroups, limits, privileges, seccomp filter.
 
-The child program is ``child_setup.py``, ``child_guard.py`` and ``harness.py`` run as one
-program in one namespace (see :mod:`creditlab_code.harness`); standard library only.
+The child program is ``child_setup.py``, ``child_guard.py``, ``codec.py`` and ``harness.py`` run
+as one program in one namespace (see :mod:`creditlab_code.harness`); standard library only
+(``libseccomp``, the well-kept library behind the filters of Docker, systemd and Chromium, is
+loaded with ``ctypes`` when the plan asks for the filter).
 """
 
 import os
@@ -83,6 +85,86 @@ def build_root(plan):
     os.chdir("/")
 
 
+#: System calls the filter refuses with EPERM: new namespaces, keyrings, SysV IPC and POSIX
+#: message queues (memory that outlives the run), other processes' memory, mounts, kernel
+#: modules and the like. ``clone`` is refused only with a ``CLONE_NEW*`` flag; ``clone3``
+#: (whose flags a filter cannot read) fails with ENOSYS, so the C library falls back to
+#: ``clone``.
+SECCOMP_DENY = (
+    "unshare", "setns", "keyctl", "add_key", "request_key", "shmget", "shmat", "shmctl", "shmdt",
+    "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open",
+    "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr", "ptrace",
+    "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
+    "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "bpf",
+    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "open_by_handle_at", "name_to_handle_at", "sethostname", "setdomainname", "swapon",
+    "swapoff", "reboot", "acct", "quotactl", "syslog", "personality", "fanotify_init",
+)
+#: Refused with EAGAIN when no new process or thread is allowed (``max_processes: 1``).
+SECCOMP_NO_PROCESSES = ("fork", "vfork", "clone")
+CLONE_NEW_FLAGS = (0x80, 0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
+                   0x40000000)
+SCMP_ACT_ALLOW, SCMP_CMP_MASKED_EQ, EPERM, EAGAIN, ENOSYS = 0x7FFF0000, 7, 1, 11, 38
+
+
+def join_cgroups(paths):
+    """Move this process into each cgroup in ``paths`` (made and limited by the parent); writing
+    ``0`` to ``cgroup.procs`` means the writer, in v1 and v2 alike."""
+    for path in paths:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+
+def install_seccomp(no_processes):
+    """Load the system-call filter (see :data:`SECCOMP_DENY`); returns the layer's name."""
+    import ctypes
+
+    lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+
+    class Cmp(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                    ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                           ctypes.c_uint, ctypes.POINTER(Cmp)]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+
+    def rule(name, errno, *masks):
+        number = lib.seccomp_syscall_resolve_name(name.encode())
+        if number < 0:  # not a system call on this machine (fork on aarch64, ...)
+            return
+        conditions = (Cmp * max(1, len(masks)))(*[Cmp(0, SCMP_CMP_MASKED_EQ, m, m) for m in masks])
+        result = lib.seccomp_rule_add_array(ctx, 0x00050000 | errno, number, len(masks),
+                                            conditions)
+        if result < 0:
+            raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
+
+    try:
+        for name in SECCOMP_DENY:
+            rule(name, EPERM)
+        rule("clone3", ENOSYS)
+        if no_processes:
+            for name in SECCOMP_NO_PROCESSES:
+                rule(name, EAGAIN)
+        else:
+            for flag in CLONE_NEW_FLAGS:
+                rule("clone", EPERM, flag)
+        result = lib.seccomp_load(ctx)
+        if result < 0:
+            raise OSError(-result, f"seccomp_load: {os.strerror(-result)}")
+    finally:
+        lib.seccomp_release(ctx)
+    return "seccomp"
+
+
 def supervise(reporter):
     """As PID 1 of a PID namespace: fork the worker, report how it ended, exit.
 
@@ -96,9 +178,9 @@ def supervise(reporter):
         os.close(fd)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
-        reporter.send(event="exit", signal=os.WTERMSIG(status))
+        reporter.send(ev="exit", signal=os.WTERMSIG(status))
     else:
-        reporter.send(event="exit", code=os.WEXITSTATUS(status))
+        reporter.send(ev="exit", code=os.WEXITSTATUS(status))
     os._exit(0)
 
 
@@ -152,6 +234,10 @@ def drop_privileges(plan):
         else:
             raise OSError("privileges could be regained after setuid")
         how.append(f"uid {plan['uid']}")
+    return how
+
+
+def forget_ctypes():
+    """Drop ``ctypes`` from the module cache (the audit hook refuses importing it again)."""
     for name in ("ctypes", "_ctypes", "ctypes._endian"):
         sys.modules.pop(name, None)
-    return how

@@ -1,30 +1,36 @@
-"""The sandbox harness: runs model-written code and its tests inside the sandboxed child.
+"""The sandbox harness: defines model-written code and answers calls of its function.
 
-The child's program is three files run as one (in this order, in one namespace):
-:mod:`creditlab_code.child_setup` (namespace root, limits, privileges),
-:mod:`creditlab_code.child_guard` (the audit hook) and this file (reporting, running the code,
-``main``). The parent passes that program with ``python -I -S -c`` -- or, when the child runs
-the parent's Python version, a small bootstrap loading its precompiled code object from the
-run's folder -- so the sandbox needs no read access to creditlab's files. Arguments: the number
-of the pipe to report on and the run's private folder. Standard library only. Start-up matters
-(one process per completion), so it avoids modules that import ``re``/``enum`` (``json``,
-``signal``): the payload is ``marshal`` data and reports are JSON written by :func:`encode`.
+The child's program is four files run as one (in this order, in one namespace):
+:mod:`creditlab_code.child_setup` (namespace root, cgroups, limits, privileges, seccomp),
+:mod:`creditlab_code.child_guard` (the audit hook), :mod:`creditlab_code.codec` (return values
+as JSON) and this file. The parent passes that program with ``python -I -S -c`` -- or, when the
+child runs the parent's Python version, a small bootstrap loading its precompiled code object
+from the run's folder -- so the sandbox needs no read access to creditlab's files. Arguments:
+the reply pipe, the request pipe and the run's private folder. Standard library only. Start-up
+matters (one process per completion), so it avoids modules that import ``re``/``enum``
+(``json``, ``signal``).
+
+The child never sees a test or an expected value: the tests run in the judge
+(:mod:`creditlab_code.judge`, another process), which sends each call's arguments here and
+compares the value that comes back. Whatever the model's code does to this process -- patch
+builtins, rewrite these functions through frames or ``gc``, write to the pipe itself -- can only
+change the values its function appears to return.
 
 Order of events in the child (see ``docs/code-tasks.md``):
 
-1. Read ``<base>/payload.bin`` (``marshal``: code, tests, limits, isolation plan) while still
-   privileged.
-2. With ``layout`` (namespace mode, run as root of fresh mount/PID/network namespaces): build a
-   minimal read-only root on a tmpfs -- the interpreter's prefix, ``/usr`` and the library
-   folders bound read-only and ``nosuid``, ``/dev/null``-like devices, and the work folder as
-   its own size-limited tmpfs -- and ``pivot_root`` into it, detaching the old root (nothing
-   outside is reachable any more). As PID 1 of its namespace it forks the worker and reports how it ended.
+1. Read ``<base>/payload.bin`` (``marshal``: code, entry point, limits, isolation plan) while
+   still privileged; join the run's cgroups when the plan has them.
+2. With ``layout`` (namespace mode: fresh mount, PID, network, IPC, UTS and cgroup namespaces):
+   build a minimal read-only root on a tmpfs -- the interpreter's prefix, ``/usr`` and the
+   library folders bound read-only and ``nosuid``, ``/dev/null``-like devices, and the work
+   folder as its own size-limited tmpfs -- and ``pivot_root`` into it, detaching the old root.
+   As PID 1 of its namespace it forks the worker and reports how it ended.
 3. Resource limits (``setrlimit``: CPU, address space, file size, processes, open files, core).
 4. Drop privileges: to the sandbox uid/gid (``setgroups([])``), or, as root of a user namespace,
-   drop every capability; ``PR_SET_NO_NEW_PRIVS`` either way.
+   drop every capability; ``PR_SET_NO_NEW_PRIVS`` either way; then the seccomp filter.
 5. Cap ``sys.stdout``/``sys.stderr``; install the audit hook (defence in depth, not a boundary).
-6. Run the solution, then each test, each under a soft per-test alarm; stream one JSON line per
-   result to the pipe. Exit with ``os._exit`` (no user ``atexit`` handlers).
+6. Define the solution, then answer calls (:func:`serve`), each under a soft per-call alarm.
+   Exit with ``os._exit`` (no user ``atexit`` handlers).
 """
 
 
@@ -35,7 +41,10 @@ import sys
 
 try:  # the parent (tests, linters) imports the parts as modules; the child runs them as one
     from creditlab_code.child_guard import Denied, make_hook, short
-    from creditlab_code.child_setup import build_root, drop_privileges, set_limits, supervise
+    from creditlab_code.child_setup import (build_root, drop_privileges, forget_ctypes,
+                                            install_seccomp, join_cgroups, set_limits,
+                                            supervise)
+    from creditlab_code.codec import ValueSendError, encode, quote
 except ImportError:  # the child: parts 1 and 2 already defined these names
     pass
 
@@ -44,65 +53,48 @@ class TestTimeout(BaseException):
     """Raised by the per-test alarm (a BaseException so ``except Exception`` does not eat it)."""
 
 
-def quote(text):
-    """``text`` as a JSON string literal (ASCII only; control characters and quotes escaped)."""
-    out = []
-    for char in text:
-        code = ord(char)
-        if 32 <= code < 127 and char not in '"\\':
-            out.append(char)
-        elif code > 0xFFFF:
-            code -= 0x10000
-            out.append("\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)))
-        else:
-            out.append("\\u%04x" % code)
-    return '"' + "".join(out) + '"'
+def message(**fields):
+    """One report line: a JSON object of strings, ints, booleans, None and lists of those."""
+    def plain(value):
+        if isinstance(value, (list, tuple)):
+            return "[" + ",".join(plain(v) for v in value) + "]"
+        if value is None or value is True or value is False or type(value) is int:
+            return encode(value)
+        return quote(str(value))
 
-
-def encode(value):
-    """JSON text of a report: dicts, lists, strings, ints, booleans and None."""
-    if value is None or value is True or value is False:
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return str(int(value))
-    if isinstance(value, str):
-        return quote(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(encode(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(quote(str(k)) + ":" + encode(v) for k, v in value.items()) + "}"
-    return quote(str(value))
+    return "{" + ",".join(quote(k) + ":" + plain(v) for k, v in fields.items()) + "}"
 
 
 class Reporter:
-    """Writes one JSON object per line to the result pipe, tagged with the run's nonce."""
+    """Writes one JSON object per line to the reply pipe."""
 
     def __init__(self, fd):
-        self.fd, self.nonce = fd, None
+        self.fd = fd
         self.reserve = bytearray(1 << 20)  # given back if reporting runs out of memory
 
-    def hide(self, nonce):
-        """Move the pipe to a random high descriptor and remember the nonce (makes forging
-        results harder for the code under test; not a guarantee)."""
-        self.nonce = nonce
+    def hide(self):
+        """Move the pipe to a random high descriptor (code that writes to every low descriptor
+        only garbles its own answers; the judge skips lines it cannot read)."""
         target = 300 + int.from_bytes(os.urandom(2), "little") % 700
         os.dup2(self.fd, target, inheritable=False)
         os.close(self.fd)
         self.fd = target
 
-    def send(self, **message):
-        message["k"] = self.nonce
+    def write(self, line):
         try:
-            data = (encode(message) + "\n").encode()
+            data = (line + "\n").encode()
         except MemoryError:
             self.reserve = None
-            data = (encode(message) + "\n").encode()
+            data = (line + "\n").encode()
             try:
                 self.reserve = bytearray(1 << 20)
             except MemoryError:
                 pass
         while data:
             data = data[os.write(self.fd, data):]
+
+    def send(self, **fields):
+        self.write(message(**fields))
 
 
 class CappedStream:
@@ -175,65 +167,96 @@ def guarded(action, seconds):
     return None
 
 
-def run_code(payload, reporter, denials):
-    def alarm(signum, frame):
-        raise TestTimeout()
+def read_exact(fd, size):
+    """``size`` bytes from ``fd``, or ``b""`` at end of file."""
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            return b""
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
-    signal.signal(signal.SIGALRM, alarm)
-    timer = float(payload["limits"]["test_timeout_s"])
+
+def define(payload, reporter, denials, timer):
+    """Run the solution's code; its entry-point function, or ``None`` (the failure reported)."""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         code = compile(payload["code"], "<solution>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         line = getattr(exc, "lineno", None)
         where = f" (line {line})" if line else ""
-        reporter.send(event="solution", outcome="syntax_error",
+        reporter.send(ev="solution", outcome="syntax_error",
                       error=short(f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}{where}"))
-        return
+        return None
     before = len(denials)
     exc = guarded(lambda: exec(code, namespace), timer)
     if exc is not None:
         outcome, error = classify(exc, before, denials)
-        reporter.send(event="solution", outcome=outcome, error=error)
-        return
-    entry = payload.get("entry_point")
-    if entry and not callable(namespace.get(entry)):
-        reporter.send(event="solution", outcome="error",
+        reporter.send(ev="solution", outcome=outcome, error=error)
+        return None
+    entry = payload["entry_point"]
+    function = namespace.get(entry)
+    if not callable(function):
+        reporter.send(ev="solution", outcome="error",
                       error=f"the code does not define a function named {entry!r}")
-        return
-    reporter.send(event="solution", outcome="ok")
-    for index, test in enumerate(payload["tests"]):
-        reporter.send(event="start", index=index)
+        return None
+    reporter.send(ev="solution", outcome="ok")
+    return function
+
+
+def serve(function, requests, reporter, denials, timer):
+    """Answer call requests until the judge closes the pipe.
+
+    A request is a 4-byte little-endian length and ``marshal`` data ``(token, args, kwargs)``
+    (written by the judge, never by model code). The reply echoes the token with the encoded
+    return value (``r``) or how the call failed (``e`` outcome, ``x`` exception type, ``m``
+    message). The call and the encoding of its value run under the per-call alarm.
+    """
+    while True:
+        header = read_exact(requests, 4)
+        if not header:
+            return
+        token, args, kwargs = marshal.loads(read_exact(requests, int.from_bytes(header, "little")))
+        box = []
         before = len(denials)
-        try:
-            compiled = compile(test, f"<test {index + 1}>", "exec")
-        except (SyntaxError, ValueError) as error:
-            exc = error
-        else:
-            exc = guarded(lambda code=compiled: exec(code, dict(namespace)), timer)
+        exc = guarded(lambda: box.append(encode(function(*args, **kwargs))), timer)
         if exc is None:
-            reporter.send(event="test", index=index, outcome="passed")
+            reporter.write('{"k":' + quote(token) + ',"r":' + box.pop() + "}")
         else:
-            outcome, error = classify(exc, before, denials)
-            reporter.send(event="test", index=index, outcome=outcome, error=error)
+            del box[:]
+            if isinstance(exc, ValueSendError):
+                outcome, error = "error", describe(exc)
+            else:
+                outcome, error = classify(exc, before, denials)
+            reporter.send(k=token, e=outcome, x=type(exc).__name__, m=error)
 
 
 def main():
     reporter = Reporter(int(sys.argv[1]))
-    base = sys.argv[2]
+    requests, base = int(sys.argv[2]), sys.argv[3]
     try:
         with open(os.path.join(base, "payload.bin"), "rb") as f:
             payload = marshal.loads(f.read())
-        reporter.hide(payload["nonce"])
+        reporter.hide()
         sys.argv[:] = ["-c"]
         plan = payload["isolation"]
         sys.dont_write_bytecode = True
+        layers = []
+        if plan.get("cgroups"):
+            join_cgroups(plan["cgroups"])
+            layers.append("cgroups")
         if plan.get("layout"):
             build_root(plan)
+            layers.append("namespaces")
             if os.getpid() == 1:
                 supervise(reporter)
         set_limits(payload["limits"])
-        how = drop_privileges(plan)
+        how = layers + drop_privileges(plan)
+        if plan.get("seccomp"):
+            how.append(install_seccomp(payload["limits"]["processes"] == 1))
+        forget_ctypes()
         os.chdir(plan["work"])
         os.umask(0o077)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversize writes raise OSError instead
@@ -243,12 +266,20 @@ def main():
         if payload.get("audit", True):
             sys.addaudithook(make_hook(plan["work"], plan["readable"], denials))
             how.append("audit hook")
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        reporter.send(event="setup_error", error=short(f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:  # noqa: BLE001 - reported to the judge
+        reporter.send(ev="setup_error", error=short(f"{type(exc).__name__}: {exc}"))
         os._exit(3)
-    reporter.send(event="ready", uid=os.getuid(), pid=os.getpid(), isolation=how)
-    run_code(payload, reporter, denials)
-    reporter.send(event="done", output_bytes=sys.stdout.written + sys.stderr.written,
+    reporter.send(ev="ready", uid=os.getuid(), isolation=how)
+
+    def alarm(signum, frame):
+        raise TestTimeout()
+
+    signal.signal(signal.SIGALRM, alarm)
+    timer = float(payload["limits"]["test_timeout_s"])
+    function = define(payload, reporter, denials, timer)
+    if function is not None:
+        serve(function, requests, reporter, denials, timer)
+    reporter.send(ev="done", output_bytes=sys.stdout.written + sys.stderr.written,
                   output_dropped=sys.stdout.dropped + sys.stderr.dropped, denials=denials[:20])
     os._exit(0)
 

@@ -39,6 +39,8 @@ class SandboxResult:
         output_bytes: Bytes the code wrote to stdout and stderr (kept part).
         output_dropped: Bytes dropped by the output cap.
         output: The first bytes of stdout and stderr (interleaved), for diagnosis.
+        skipped_lines: Reply lines the judge skipped (unreadable, or not answering the call
+            in progress: code writing to the pipe itself).
     """
 
     solution: str | None = None
@@ -52,6 +54,7 @@ class SandboxResult:
     output_bytes: int = 0
     output_dropped: int = 0
     output: str = ""
+    skipped_lines: int = 0
 
 
 def live_sandbox_processes(parent: int | None = None) -> list[int]:
@@ -106,65 +109,48 @@ def head(path: str, size: int) -> str:
         return ""
 
 
-def parse(raw: bytes, ended: str, nonce: str, n_tests: int) -> SandboxResult:
-    """Turn the harness's report lines and how the process ended into a result.
+def from_report(raw: bytes, ended: str, n_tests: int) -> SandboxResult:
+    """Turn the judge's report (one JSON line) and how the child ended into a result.
 
-    Lines without the run's nonce are ignored (a cheap guard against code that writes forged
-    results to the pipe; see docs/code-tasks.md for what it does not stop).
+    ``ended`` comes from the parent (the child's exit status, or ``wall timeout`` when the
+    judge did not report in time); the supervisor's exit line in the report, when present,
+    says how the worker inside the PID namespace ended and takes precedence.
     """
     result = SandboxResult(ended=ended)
-    tests: dict[int, dict[str, Any]] = {}
-    started = -1
-    for line in raw.decode("utf-8", "replace").splitlines():
-        try:
-            msg = json.loads(line)
-            event = msg["event"]
-        except (ValueError, TypeError, KeyError):
-            continue
-        if msg.get("k") != nonce:
-            continue
-        if event == "ready":
-            result.isolation = tuple(str(x) for x in msg.get("isolation", ()))
-        elif event == "setup_error":
-            result.error = f"sandbox set-up failed: {msg.get('error')}"
-        elif event == "solution" and result.solution is None:
-            result.solution = str(msg.get("outcome"))
-            if msg.get("error"):
-                result.error = str(msg["error"])
-        elif event == "start" and isinstance(msg.get("index"), int):
-            started = msg["index"]
-        elif event == "test" and isinstance(msg.get("index"), int):
-            index = msg["index"]
-            if 0 <= index < n_tests and index not in tests:
-                entry = {"outcome": str(msg.get("outcome"))}
-                if msg.get("error"):
-                    entry["error"] = str(msg["error"])
-                tests[index] = entry
-        elif event == "exit":
-            result.ended = (f"signal {signame(int(msg['signal']))}" if "signal" in msg
-                            else f"exit {msg.get('code')}")
-        elif event == "done":
-            result.output_bytes = int(msg.get("output_bytes", 0))
-            result.output_dropped = int(msg.get("output_dropped", 0))
-            result.denials = [str(d) for d in msg.get("denials", [])][:20]
+    try:
+        report = json.loads(raw.decode("utf-8", "replace").strip() or "null")
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        report = {}
+    exit = report.get("exit") or {}
+    if "signal" in exit:
+        result.ended = f"signal {signame(int(exit['signal']))}"
+    elif "code" in exit and ended != "wall timeout":
+        result.ended = f"exit {exit['code']}"
+    if report.get("closed") == "report flood":
+        result.ended = "report flood"
+    result.isolation = tuple(str(x) for x in report.get("isolation") or ())
+    result.solution = report.get("solution")
+    result.error = report.get("error")
+    result.output_bytes = int(report.get("output_bytes") or 0)
+    result.output_dropped = int(report.get("output_dropped") or 0)
+    result.denials = [str(d) for d in report.get("denials") or ()][:20]
+    result.skipped_lines = int(report.get("skipped_lines") or 0)
     result.reason = end_reason(result.ended)
+    tests = report.get("tests")
     if result.solution not in (None, "ok"):
         why = f"solution failed ({result.solution}): {result.error}"
         result.tests = [{"outcome": result.solution, "error": why} for _ in range(n_tests)]
-        return result
-    if result.reason is None and len(tests) < n_tests:
-        result.reason = "crashed"
-    for index in range(n_tests):
-        if index in tests:
-            result.tests.append(tests[index])
-        elif index == started or (started < 0 and index == 0 and result.solution == "ok"):
-            result.tests.append({"outcome": result.reason or "crashed",
-                                 "error": f"the sandbox ended during this test ({result.ended})"})
-        else:
-            result.tests.append({"outcome": "not_run",
-                                 "error": f"the sandbox ended before this test ({result.ended})"})
-    if result.solution is None and result.reason is not None and result.error is None:
-        result.error = f"the sandbox ended while defining the solution ({result.ended})"
+    elif isinstance(tests, list) and len(tests) == n_tests:
+        result.tests = tests
+    else:
+        if result.solution is None and result.error is None:
+            result.error = f"the sandbox ended while defining the solution ({result.ended})"
+        outcome = result.reason or "crashed"
+        result.tests = [{"outcome": outcome, "error": f"the sandbox ended before this test "
+                                                      f"({result.ended})"}
+                        for _ in range(n_tests)]
     return result
 
 

@@ -1,31 +1,46 @@
-"""Run untrusted Python code and its tests in a fresh, limited child process.
+"""Run untrusted Python code in a fresh, limited child process; judge it from another one.
 
-One :meth:`Sandbox.run` = one fresh ``python -I -S`` process (isolated mode, no ``site``) running
-:mod:`creditlab_code.harness`, in its own session and process group, with a minimal explicit
-environment (never the parent's). Two isolation modes, chosen by a probe on first use:
+One :meth:`Sandbox.run` = two fresh ``python -I -S`` processes (isolated mode, no ``site``), each
+in its own session and process group, with a minimal explicit environment (never the parent's):
 
-- ``namespaces``: the child starts under ``unshare --net --pid --mount --fork --kill-child``
-  (plus ``--user --map-root-user`` when not root): no network interfaces but a downed loopback,
-  its own PID namespace (every process in it dies with it), and a private mount namespace in
-  which the harness builds a minimal read-only root and pivots into it. As root, the code then
-  runs as an unprivileged uid (``nobody`` by default), which makes ``RLIMIT_NPROC`` effective
-  (root is exempt from it: measured here).
+- the **child** (:mod:`creditlab_code.harness`) defines the model's code and answers calls of
+  its entry point. It gets the code and, one call at a time, the call's arguments -- never a
+  test or an expected value -- and sends back the return value as plain data
+  (:mod:`creditlab_code.codec`);
+- the **judge** (:mod:`creditlab_code.judge`) runs the problem's tests with the entry point as a
+  proxy and compares, with built-in operations on rebuilt built-in values, in a process the
+  model's code never shares. The model's code can influence nothing but its return values.
+
+Two isolation modes for the child, chosen by a probe on first use:
+
+- ``namespaces``: the child starts under ``unshare --net --pid --mount --ipc --uts --cgroup
+  --fork --kill-child`` (plus ``--user --map-root-user`` when not root): no network but a downed
+  loopback, its own PID namespace (every process in it dies with it), its own SysV IPC objects
+  (gone with it), hostname and cgroup view, and a private mount namespace in which the harness
+  builds a minimal read-only root and pivots into it. As root, the code then runs as an
+  unprivileged uid (``nobody`` by default), which makes ``RLIMIT_NPROC`` effective.
 - ``none``: no namespaces (no ``unshare``, or it is not permitted). Resource limits, the uid
-  switch when root, the process-group kill and the audit hook still apply.
+  switch when root, the seccomp filter, cgroups, the process-group kill and the audit hook still
+  apply.
 
-The parent enforces the wall-time limit itself: it waits on the result pipe with ``poll``,
-SIGKILLs the whole process group on the deadline, never blocks on a read, and never waits on a
+In both modes, where available: a seccomp filter (``libseccomp``) refusing namespace creation,
+keyrings, SysV IPC, ``ptrace`` and mounts (:data:`creditlab_code.child_setup.SECCOMP_DENY`), and
+a memory + pids cgroup per run (:mod:`creditlab_code.cgroups`) that bounds the memory held
+outside the address space too (tmpfs files, pipes, shared memory).
+
+The parent enforces the wall-time limit itself: it waits on the judge's report with ``poll``,
+SIGKILLs both process groups on the deadline, never blocks on a read, and never waits on a
 child for more than a bounded time. Standard library only (no torch, no creditlab imports).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import marshal
 import os
 import pwd
-import secrets
 import select
 import shutil
 import subprocess
@@ -38,37 +53,43 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+from creditlab_code import cgroups
 from creditlab_code.results import (
     SandboxResult,
+    from_report,
     head,
     kill,
     live_sandbox_processes,
-    parse,
     signame,
 )
 
 log = logging.getLogger(__name__)
 __all__ = ["Limits", "Sandbox", "SandboxError", "SandboxResult", "live_sandbox_processes"]
 
-#: The child's program: three standard-library-only files run as one (see ``harness.py``).
-CHILD_PARTS = ("child_setup.py", "child_guard.py", "harness.py")
-HARNESS_SOURCE = "\n\n".join((Path(__file__).parent / name).read_text(encoding="utf-8")
-                               for name in CHILD_PARTS)
+#: The child's and the judge's programs: standard-library-only files run as one.
+CHILD_PARTS = ("child_setup.py", "child_guard.py", "codec.py", "harness.py")
+JUDGE_PARTS = ("codec.py", "judge.py")
+HARNESS_SOURCE, JUDGE_SOURCE = ("\n\n".join((Path(__file__).parent / name).read_text(encoding="utf-8")
+                                            for name in parts) for parts in (CHILD_PARTS, JUDGE_PARTS))
 #: The child's program when it runs the parent's Python version: load the precompiled harness
 #: (saves compiling the harness, a few milliseconds, per completion).
 BOOTSTRAP = ("import marshal, sys\n"
-             "with open(sys.argv[2] + '/harness.bin', 'rb') as f:\n"
+             "with open(sys.argv[3] + '/harness.bin', 'rb') as f:\n"
              "    exec(marshal.loads(f.read()))\n")
 MODES = ("auto", "namespaces", "none")
 #: System folders bound read-only into the namespace root (symlinks are copied as symlinks).
 SYSTEM_BINDS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/libx32", "/etc/ld.so.cache")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
-#: Most result-pipe bytes read per run (a flood beyond it ends the run).
+#: Most bytes of the judge's report read per run.
 MAX_REPORT_BYTES = 1 << 20
+#: Address-space limit of the judge (it holds the tests and the values that came back).
+JUDGE_MEMORY_BYTES = 1 << 30
+#: Seconds the parent waits for the judge's report past the run's wall limit.
+REPORT_GRACE_S = 2.0
 #: Bytes of the child's stdout+stderr file kept in the result.
 OUTPUT_HEAD = 1000
-_PROBE_CODE = "def probe():\n    return 1\n"
-_PROBE_TESTS = ("assert probe() == 1", "import fractions\nassert fractions.Fraction(1, 2) * 2 == 1")
+_PROBE_CODE = "import fractions\n\ndef probe(x):\n    return fractions.Fraction(x, 2) * 2 == x\n"
+_PROBE_TESTS = ("assert probe(1) is True",)
 _RUN_IDS = count()
 
 
@@ -189,11 +210,13 @@ class Sandbox:
     def _candidates(self) -> list[dict[str, Any]]:
         uid, gid = self._identity()
         readable = self._interpreter_paths()
-        common = {"readable": readable, "uid": uid, "gid": gid}
+        common = {"readable": readable, "uid": uid, "gid": gid, "seccomp": _has_libseccomp(),
+                  "cgroups": os.geteuid() == 0 and cgroups.available()}
         plans = []
         unshare = shutil.which("unshare")
         if self.isolation in ("auto", "namespaces") and unshare and sys.platform == "linux":
-            prefix = [unshare, "--net", "--pid", "--mount", "--fork", "--kill-child"]
+            prefix = [unshare, "--net", "--pid", "--mount", "--ipc", "--uts", "--cgroup", "--fork",
+                      "--kill-child"]
             root = os.geteuid() == 0
             if not root:
                 prefix[1:1] = ["--user", "--map-root-user"]
@@ -219,7 +242,7 @@ class Sandbox:
         if self.isolation == "namespaces" and not shutil.which("unshare"):
             failures.append("namespaces: the 'unshare' program (util-linux) is not installed")
         for plan in self._candidates():
-            result = self._run(plan, _PROBE_CODE, _PROBE_TESTS, None, Limits(timeout_s=30))
+            result = self._run(plan, _PROBE_CODE, _PROBE_TESTS, "probe", Limits(timeout_s=30))
             if all(t["outcome"] == "passed" for t in result.tests) and result.tests:
                 if failures:
                     log.warning("code sandbox: using isolation '%s' (%s); unavailable: %s",
@@ -234,21 +257,23 @@ class Sandbox:
         raise SandboxError("no sandbox isolation works here: " + "; ".join(failures))
 
     # -- running ----------------------------------------------------------------------------
-    def run(self, code: str, tests: list[str], entry_point: str | None = None) -> SandboxResult:
-        """Run ``code`` then each test (Python statements, e.g. ``assert f(1) == 2``).
+    def run(self, code: str, tests: list[str], entry_point: str) -> SandboxResult:
+        """Define ``code`` in the child, then run each test (Python statements calling
+        ``entry_point``, e.g. ``assert f(1) == 2``) in the judge.
 
-        Thread-safe; each call is an independent process. Never blocks past
+        Thread-safe; each call is an independent pair of processes. Never blocks past
         ``limits.timeout_s`` plus a few seconds of cleanup.
         """
         return self._run(self.plan, code, tests, entry_point, self.limits)
 
     def _run(self, plan: dict[str, Any], code: str, tests: list[str] | tuple[str, ...],
-             entry_point: str | None, limits: Limits) -> SandboxResult:
+             entry_point: str, limits: Limits) -> SandboxResult:
         start = time.monotonic()
         base = tempfile.mkdtemp(prefix="creditlab-code-", dir=plan.get("tmp_dir"))
         work = os.path.join(base, "work")
-        read_fd = write_fd = -1
-        proc = None
+        fds: list[int] = []
+        procs: list[subprocess.Popen] = []
+        groups: list[str] = []
         try:
             os.mkdir(work, 0o700)
             os.chmod(base, 0o711)  # the sandbox uid may traverse to work/, not list base/
@@ -256,56 +281,74 @@ class Sandbox:
                 os.chown(work, plan["uid"], plan["gid"])
             if plan.get("layout"):
                 os.mkdir(os.path.join(base, "root"), 0o755)
+            if plan.get("cgroups"):  # memory: the code's, its files' and some slack
+                groups = cgroups.create((limits.memory_mb + limits.disk_mb + 64) << 20,
+                                        (limits.processes or 64) + 2)
             keys = ("layout", "uid", "gid", "readable", "binds", "devices", "drop_caps",
-                    "cap_last")
+                    "cap_last", "seccomp")
             isolation = {k: plan[k] for k in keys if k in plan}
-            isolation.update(work=work, root=os.path.join(base, "root"),
+            isolation.update(work=work, root=os.path.join(base, "root"), cgroups=groups,
                              disk_bytes=limits.disk_mb << 20)
-            nonce = secrets.token_hex(16)
-            payload = {"code": code, "tests": list(tests), "entry_point": entry_point,
-                       "nonce": nonce,
-                       "limits": limits.for_harness(), "isolation": isolation,
-                       "audit": self.audit_hook}
-            fd = os.open(os.path.join(base, "payload.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(marshal.dumps(payload))
+            _write_private(base, "payload.bin", marshal.dumps(
+                {"code": code, "entry_point": entry_point, "limits": limits.for_harness(),
+                 "isolation": isolation, "audit": self.audit_hook}))
+            _write_private(base, "judge.bin", marshal.dumps(
+                {"tests": list(tests), "entry_point": entry_point, "timeout_s": limits.timeout_s,
+                 "limits": limits.for_harness(), "memory_bytes": JUDGE_MEMORY_BYTES}))
             program = HARNESS_SOURCE
             if self._compiled is not None:
                 program = BOOTSTRAP
-                fd = os.open(os.path.join(base, "harness.bin"), os.O_WRONLY | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self._compiled)
-            read_fd, write_fd = os.pipe()
+                _write_private(base, "harness.bin", self._compiled)
+            req_read, req_write = os.pipe()
+            fds += [req_read, req_write]
+            rep_read, rep_write = os.pipe()
+            fds += [rep_read, rep_write]
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work, "TMPDIR": work,
                    "CREDITLAB_SANDBOX": f"{os.getpid()}-{next(_RUN_IDS)}"}
-            command = [*plan["prefix"], self.python, "-I", "-S", "-c", program,
-                       str(write_fd), base]
             with open(os.path.join(base, "output.log"), "wb") as out:
-                proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=out, pass_fds=(write_fd,), close_fds=True,
-                                        start_new_session=True, env=env, cwd=work)
-            os.close(write_fd)
-            write_fd = -1
-            raw, ended = self._collect(proc, read_fd, start + limits.timeout_s)
-            result = parse(raw, ended, nonce, len(tests))
+                procs.append(subprocess.Popen(
+                    [*plan["prefix"], self.python, "-I", "-S", "-c", program, str(rep_write),
+                     str(req_read), base], stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                    pass_fds=(rep_write, req_read), close_fds=True, start_new_session=True,
+                    env=env, cwd=work))
+            with open(os.path.join(base, "judge.log"), "wb") as err:
+                procs.append(subprocess.Popen(
+                    [self.python, "-I", "-S", "-c", JUDGE_SOURCE, str(req_write), str(rep_read),
+                     base], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                    pass_fds=(req_write, rep_read), close_fds=True, start_new_session=True,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd=base))
+            for fd in fds:
+                os.close(fd)
+            fds = []
+            child, judge = procs
+            raw, ended = self._collect(judge, judge.stdout.fileno(),
+                                       start + limits.timeout_s + REPORT_GRACE_S)
+            if ended != "wall timeout":
+                ended = _child_ended(child)
+            result = from_report(raw, ended, len(tests))
             result.output = head(os.path.join(base, "output.log"), OUTPUT_HEAD)
+            if not raw:
+                result.error = result.error or ("the judge did not report: " + head(
+                    os.path.join(base, "judge.log"), 300).strip()[-300:])
         except OSError as exc:
             result = SandboxResult(ended="start failed", reason="error",
                                    error=f"could not start the sandbox: {exc}")
             result.tests = [{"outcome": "not_run", "error": result.error} for _ in tests]
         finally:
-            if proc is not None:
+            for proc in procs:
                 kill(proc)
-            for fd in (read_fd, write_fd):
-                if fd >= 0:
-                    os.close(fd)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            for fd in fds:
+                os.close(fd)
+            cgroups.remove(groups)
             shutil.rmtree(base, ignore_errors=True)
         result.seconds = time.monotonic() - start
         return result
 
     @staticmethod
     def _collect(proc: subprocess.Popen, fd: int, deadline: float) -> tuple[bytes, str]:
-        """Read the result pipe until EOF and exit, the deadline, or a flood; never blocks."""
+        """Read the judge's report until EOF, the deadline, or a flood; never blocks."""
         os.set_blocking(fd, False)
         poller = select.poll()  # not select(): fd numbers above 1023 are common in a trainer
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
@@ -326,10 +369,30 @@ class Sandbox:
             size += len(chunk)
             if size > MAX_REPORT_BYTES:
                 return b"".join(chunks), "report flood"
-        try:  # every writer closed the pipe: the child is exiting
-            code = proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return b"".join(chunks), "wall timeout"
-        if code < 0:
-            return b"".join(chunks), f"signal {signame(-code)}"
-        return b"".join(chunks), f"exit {code}"
+        return b"".join(chunks), "reported"
+
+
+def _child_ended(proc: subprocess.Popen, wait_s: float = 0.3) -> str:
+    """How the child process ended (``exit 0``, ``signal SIGXCPU``), after at most ``wait_s``;
+    ``wall timeout`` when it was still running once the judge was done with it (a call that
+    outlasted its hard limit)."""
+    try:
+        code = proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        return "wall timeout"
+    return f"signal {signame(-code)}" if code < 0 else f"exit {code}"
+
+
+def _write_private(base: str, name: str, data: bytes) -> None:
+    fd = os.open(os.path.join(base, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _has_libseccomp() -> bool:
+    """Whether the seccomp filter can be loaded here (Linux with ``libseccomp.so.2``)."""
+    try:
+        ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return False
+    return sys.platform == "linux"

@@ -141,7 +141,7 @@ class CodeTestsVerifier(Verifier):
         if code is None:
             return 0.0, {"parsed": None, "outcome": "no_code", "passed": 0, "total": len(tests),
                          "error": "no code found in the answer"}
-        result = self.sandbox.run(code, tests, problem.metadata.get("entry_point"))
+        result = self.sandbox.run(code, tests, problem.metadata["entry_point"])
         outcome, passed, error = summarize(result)
         if self.config.reward == "fraction":
             reward = passed / len(tests)
@@ -151,7 +151,8 @@ class CodeTestsVerifier(Verifier):
                 "total": len(tests), "tests": result.tests, "error": error,
                 "ended": result.ended, "seconds": round(result.seconds, 4),
                 "isolation": list(result.isolation), "denied": result.denials,
-                "output_dropped": result.output_dropped, "output": result.output[:500]}
+                "output_dropped": result.output_dropped, "output": result.output[:500],
+                "skipped_lines": result.skipped_lines}
         return reward, info
 
     def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
@@ -164,9 +165,10 @@ class CodeTestsVerifier(Verifier):
             raise ValueError(f"CodeTestsVerifier.score got {len(problems)} problems and "
                              f"{len(completions)} completions; they must pair up one to one")
         for problem in problems:
-            if not problem.metadata.get("tests"):
-                raise ValueError(f"problem {problem.id!r} has no metadata['tests']; the "
-                                 f"code_tests verifier needs unit tests (use task=code)")
+            if not problem.metadata.get("tests") or not problem.metadata.get("entry_point"):
+                raise ValueError(f"problem {problem.id!r} needs metadata['tests'] and "
+                                 f"metadata['entry_point'] (the function the tests call); the "
+                                 f"code_tests verifier needs both (use task=code)")
         futures = [self._executor.submit(self._score_one, p, c)
                    for p, c in zip(problems, completions)]
         values, infos = [], []
