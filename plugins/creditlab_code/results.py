@@ -5,8 +5,8 @@ Standard library only (the parent side of :mod:`creditlab_code.sandbox`).
 
 from __future__ import annotations
 
-import json
 import logging
+import marshal
 import os
 import signal
 import subprocess
@@ -110,7 +110,8 @@ def head(path: str, size: int) -> str:
 
 
 def from_report(raw: bytes, ended: str, n_tests: int) -> SandboxResult:
-    """Turn the judge's report (one JSON line) and how the child ended into a result.
+    """Turn the judge's report (``marshal`` data from a trusted process) and how the child
+    ended into a result.
 
     ``ended`` comes from the parent (the child's exit status, or ``wall timeout`` when the
     judge did not report in time); the supervisor's exit line in the report, when present,
@@ -118,8 +119,8 @@ def from_report(raw: bytes, ended: str, n_tests: int) -> SandboxResult:
     """
     result = SandboxResult(ended=ended)
     try:
-        report = json.loads(raw.decode("utf-8", "replace").strip() or "null")
-    except ValueError:
+        report = marshal.loads(raw) if raw else None
+    except (ValueError, EOFError, TypeError):  # a judge killed while writing
         report = None
     if not isinstance(report, dict):
         report = {}

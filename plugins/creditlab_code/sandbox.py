@@ -74,7 +74,7 @@ HARNESS_SOURCE, JUDGE_SOURCE = ("\n\n".join((Path(__file__).parent / name).read_
 #: The child's program when it runs the parent's Python version: load the precompiled harness
 #: (saves compiling the harness, a few milliseconds, per completion).
 BOOTSTRAP = ("import marshal, sys\n"
-             "with open(sys.argv[3] + '/harness.bin', 'rb') as f:\n"
+             "with open(sys.argv[3] + '/{name}', 'rb') as f:\n"
              "    exec(marshal.loads(f.read()))\n")
 MODES = ("auto", "namespaces", "none")
 #: System folders bound read-only into the namespace root (symlinks are copied as symlinks).
@@ -169,7 +169,7 @@ class Sandbox:
                                                  or sys.executable)
         self.audit_hook = audit_hook
         self._plan: dict[str, Any] | None = None
-        self._compiled: bytes | None = None
+        self._compiled: dict[str, bytes] | None = None
         self._lock = threading.Lock()
 
     # -- set-up -----------------------------------------------------------------------------
@@ -203,7 +203,9 @@ class Sandbox:
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             raise SandboxError(f"cannot run the sandbox interpreter {self.python}: {exc}") from exc
         if (version, implementation) == (sys.version, sys.implementation.name):
-            self._compiled = marshal.dumps(compile(HARNESS_SOURCE, "<creditlab-harness>", "exec"))
+            self._compiled = {name: marshal.dumps(compile(source, f"<creditlab-{name}>", "exec"))
+                              for name, source in (("harness", HARNESS_SOURCE),
+                                                   ("judge", JUDGE_SOURCE))}
         paths.append(os.path.dirname(self.python))
         return _subpaths_removed([os.path.realpath(p) for p in paths if p and os.path.exists(p)])
 
@@ -295,10 +297,11 @@ class Sandbox:
             _write_private(base, "judge.bin", marshal.dumps(
                 {"tests": list(tests), "entry_point": entry_point, "timeout_s": limits.timeout_s,
                  "limits": limits.for_harness(), "memory_bytes": JUDGE_MEMORY_BYTES}))
-            program = HARNESS_SOURCE
-            if self._compiled is not None:
-                program = BOOTSTRAP
-                _write_private(base, "harness.bin", self._compiled)
+            programs = {"harness": HARNESS_SOURCE, "judge": JUDGE_SOURCE}
+            for name, compiled in (self._compiled or {}).items():
+                programs[name] = BOOTSTRAP.format(name=f"{name}.pyc")
+                _write_private(base, f"{name}.pyc", compiled)
+            program = programs["harness"]
             req_read, req_write = os.pipe()
             fds += [req_read, req_write]
             rep_read, rep_write = os.pipe()
@@ -313,7 +316,7 @@ class Sandbox:
                     env=env, cwd=work))
             with open(os.path.join(base, "judge.log"), "wb") as err:
                 procs.append(subprocess.Popen(
-                    [self.python, "-I", "-S", "-c", JUDGE_SOURCE, str(req_write), str(rep_read),
+                    [self.python, "-I", "-S", "-c", programs["judge"], str(req_write), str(rep_read),
                      base], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
                     pass_fds=(req_write, rep_read), close_fds=True, start_new_session=True,
                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd=base))
