@@ -6,7 +6,8 @@ One row per problem (JSON Lines, JSON or parquet; field names configurable)::
      "prompt": "Return the sum of a and b.",            # what the function must do
      "signature": "def add_numbers(a: int, b: int) -> int",
      "entry_point": "add_numbers",                      # the function the tests call
-     "tests": ["assert add_numbers(1, 2) == 3", ...],   # Python statements, run one by one
+     "tests": ["assert add_numbers(1, 2) == 3", ...],   # statements run one by one in the
+                                                        # judge; they may call only entry_point
      "solution": "def add_numbers(a, b):\\n    return a + b\\n"}   # optional reference
 
 Where the rows come from (``load(split)``), first that applies:
