@@ -32,6 +32,7 @@ from creditlab.compose import (
 from creditlab.config import check_machine, validate
 from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.registry import REGISTRIES, conf_entries
+from creditlab.rundir_guard import RunDirError, check_run_dir
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
@@ -147,7 +148,12 @@ def train(argv: list[str]) -> None:
             overrides.append(arg)
             first = i if first is None else first
     if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
-        check(overrides)
+        cfg = check(overrides)
+        if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
+            try:
+                check_run_dir(cfg.run_dir)
+            except RunDirError as exc:
+                _error(str(exc))
     from creditlab.hydra_main import main as hydra_main  # the training stack (see the module doc)
 
     # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides

@@ -43,8 +43,10 @@ class RunConfig:
         prompts_per_step: Problems per RL step (each gets ``rollout.group_size`` completions).
         grad_clip: Max gradient norm (0 = off).
         checkpoint_every: Save a checkpoint every this many RL steps (0 = only at the end).
-        resume: ``auto`` (resume from ``<run_dir>/checkpoints/last.ckpt`` when it exists), a
-            checkpoint path, or null (start fresh).
+        resume: ``auto`` (resume from the newest intact checkpoint in ``<run_dir>/checkpoints``
+            when there is one), a checkpoint path, or null (start fresh).
+        resume_mismatch: ``refuse``: a resume whose config differs from the run_dir's
+            ``config.yaml`` (apart from the step budget) stops; ``allow`` resumes anyway.
         threads: torch intra-op threads per process (0 = torch's default; with several ranks
             on a machine, its cores shared out between them).
         run_dir: Where the run writes (Hydra's output directory).
@@ -57,6 +59,7 @@ class RunConfig:
     grad_clip: float = 1.0
     checkpoint_every: int = 10
     resume: str | None = "auto"
+    resume_mismatch: str = "refuse"
     threads: int = 0
     run_dir: str = "runs/default"
     method: str = "custom"

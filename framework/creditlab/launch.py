@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -37,13 +38,16 @@ from lightning.fabric.plugins.environments import (
 )
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from creditlab.config import environment, provenance, validate
 from creditlab.errors import ConfigError
 from creditlab.layout import LaunchPlan, threads_per_rank
+from creditlab.loggers import read_metrics
 from creditlab.models import resolve_model_path
+from creditlab.rundir_guard import RunDirLock, RunStopped, check_resume, check_run_dir
 from creditlab.runner import fit
 
 #: Environment variables set for the workers (and restored in this process afterwards).
@@ -101,32 +105,59 @@ def write_status(out_dir: Path, status: str, started: str, error: BaseException 
 
 @contextlib.contextmanager
 def recorded(out_dir: Path) -> Iterator[None]:
-    """``status.json`` says ``running`` during the body, then ``finished`` or ``failed``."""
+    """``status.json`` says ``running`` during the body, then ``finished``, ``stopped`` (a signal
+    stopped it; resumable) or ``failed``."""
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     write_status(out_dir, "running", started)
     try:
         yield
+    except RunStopped as exc:
+        write_status(out_dir, "stopped", started, exc)
+        raise
     except BaseException as exc:
         write_status(out_dir, "failed", started, exc)
         raise
     write_status(out_dir, "finished", started)
 
 
-def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
+def run(cfg: DictConfig, out_dir: str | Path, records: dict[str, str] | None = None) -> dict[str, Any]:
     """Train as configured, writing everything under ``out_dir``. Returns the run's summary.
+
+    The launching process (rank 0) locks ``out_dir`` for the run's life and refuses a config that
+    differs from the run already there (:mod:`creditlab.rundir_guard`) before it writes anything:
+    ``config.yaml``, ``plugins.json``, ``environment.json`` and ``records`` (``{relative path:
+    text}``, e.g. Hydra's ``.hydra/overrides.yaml``).
 
     With a multi-process strategy on one machine (``trainer=ddp``), the ranks run as workers of
     a ``torch.distributed`` elastic agent (this process); they read ``out_dir/config.yaml``.
+
+    Raises:
+        RunDirError: ``out_dir`` is not a writable folder, is in use, or holds another run.
+        RunStopped: A signal stopped the run (its message says what a resume continues from).
     """
     checked = validate(cfg)
     out_dir = Path(out_dir)
+    check_run_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if _process_rank() == 0:
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
-        (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
     layout = checked.get("launch")
     processes = processes_to_start(layout) if layout is not None else 1
+    with contextlib.ExitStack() as held:
+        if _process_rank() == 0:
+            held.enter_context(RunDirLock(out_dir))
+            note = check_resume(cfg, out_dir)
+            if note:
+                print(note, file=sys.stderr)
+            (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
+            (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
+            for name, text in (records or {}).items():
+                (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (out_dir / name).write_text(text)
+        return _run(cfg, checked, out_dir, layout, processes)
+
+
+def _run(cfg: DictConfig, checked: dict[str, Any], out_dir: Path, layout: LaunchPlan | None,
+         processes: int) -> dict[str, Any]:
     threads = checked["run"].threads
     if processes > 1 or (layout is not None and layout.world_size > 1):
         ranks_here = processes if processes > 1 else int(os.environ.get("LOCAL_WORLD_SIZE", layout.devices))
@@ -135,7 +166,12 @@ def run(cfg: DictConfig, out_dir: str | Path) -> dict[str, Any]:
     with recorded(out_dir):
         if processes > 1:
             resolve_model_path(checked["model"])  # a model recipe builds its cache once, here
-            start_ranks(out_dir, processes, threads)
+            try:
+                start_ranks(out_dir, processes, threads)
+            except SignalException as exc:  # the agent stopped the ranks with the signal it got
+                ckpt = out_dir / "checkpoints" / "interrupted.ckpt"
+                raise RunStopped(signal.Signals(exc.sigval).name, _last_step(out_dir / "metrics.jsonl"),
+                                 int(cfg.trainer.max_steps), ckpt if ckpt.is_file() else None, ckpt.is_file()) from None
             summary = out_dir / "summary.json"
             return json.loads(summary.read_text()) if summary.is_file() else {}
         if threads:
@@ -187,7 +223,16 @@ def main(argv: list[str] | None = None) -> None:
     cfg = OmegaConf.load(out_dir / "config.yaml")
     torch.set_num_threads(int(os.environ.get("CREDITLAB_THREADS", "1")))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    fit(cfg, validate(cfg), out_dir)
+    try:
+        fit(cfg, validate(cfg), out_dir)
+    except RunStopped as exc:  # the agent reports it; a rank only ends with the signal's code
+        sys.exit(exc.exit_code)
+
+
+def _last_step(metrics: Path) -> int:
+    """The last RL step ``metrics.jsonl`` logged training metrics for (0: none)."""
+    rows = read_metrics(metrics) if metrics.is_file() else []
+    return max((int(r["step"]) for r in rows if "train/reward/mean" in r), default=0)
 
 
 if __name__ == "__main__":

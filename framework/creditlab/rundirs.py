@@ -33,7 +33,7 @@ REWARD = "train/reward/mean"
 IGNORED_KEYS = ("seed", "run_dir", "threads", "resume", "checkpoint_every", "tags", "logger",
                 "backend.max_batch_size", "eval.batch_size")
 SKIP_DIRS = {"checkpoints", "wandb", "lightning_logs", "__pycache__"}
-UNFINISHED = ("running", "killed", "failed", "partial")
+UNFINISHED = ("running", "stopped", "killed", "failed", "partial")
 
 
 class CompareError(Exception):
@@ -49,7 +49,7 @@ class Run:
         name: A short display name (path relative to the runs' common parent).
         config: The flattened resolved config (``{"advantage.std": "sample", ...}``).
         rows: The parsed ``metrics.jsonl`` rows.
-        status: finished | running | killed | failed | partial | empty.
+        status: finished | running | stopped | killed | failed | partial | empty.
         detail: A human sentence explaining the status.
         steps: Last RL step with training metrics.
         max_steps: Configured ``trainer.max_steps`` (None if unknown).
@@ -179,6 +179,9 @@ def _classify(run: Run, status: dict[str, Any] | None, has_summary: bool) -> Non
         state = status.get("status")
         if state == "finished":
             run.status, run.detail = "finished", f"finished ({of})"
+        elif state == "stopped":  # a signal stopped it at a step's end; the same command resumes it
+            message = (status.get("error") or {}).get("message") or f"stopped by a signal after {of}"
+            run.status, run.detail = "stopped", f"{message} (resumable)"
         elif state == "failed":
             err = status.get("error") or {}
             run.status = "failed"

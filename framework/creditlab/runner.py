@@ -7,6 +7,9 @@ import copy
 import hashlib
 import json
 import logging
+import signal
+import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,45 +17,83 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.config import build_parts
 from creditlab.datamodule import TaskDataModule
+from creditlab.errors import InputError
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.models import is_peft, load_policy
 from creditlab.module import CreditAssignmentModule, Parts
 from creditlab.rollout import RolloutSampler
+from creditlab.rundir_guard import RunStopped
 
 log = logging.getLogger(__name__)
 
 # The policy stays in eval mode (no dropout) so trainer log-probs match the sampler's; checkpoints
 # are taken after the optimizer step on purpose; batches are a function of the step, so the
-# step loader needs no state to resume; the run resolves its own resume checkpoint (`resume`), so
-# Lightning's "ckpt_path=None ... last" guess (made because OnExceptionCheckpoint is present) is moot.
+# step loader needs no state to resume; the run resolves its own resume checkpoint (`resume`).
 for _pattern in (
     r"Found \d+ module\(s\) in eval mode",
     r"Using ModelCheckpoint with manual optimization",
     r"You're resuming from a checkpoint that ended before the epoch ended",
     r"Checkpoint directory .* exists and is not empty",
-    r"`\.fit\(ckpt_path=None\)` was called without a model",
-    r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint available',
 ):
     warnings.filterwarnings("ignore", message=_pattern)
 
 
-def _resume_path(resume: str | None, out_dir: Path) -> Path | None:
-    if not resume:
+def _step_of(path: Path) -> int | None:
+    """The checkpoint's ``global_step`` (Lightning's optimizer steps), or None when the file cannot
+    be read (truncated, corrupt, not a checkpoint). Memory-mapped: nothing but the header is read."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return int(state["global_step"])
+    except Exception:  # any failure to read means the file cannot be resumed from
         return None
-    if resume == "auto":
-        last = out_dir / "checkpoints" / "last.ckpt"
-        return last if last.exists() else None
-    path = Path(resume)
-    if not path.exists():
-        raise FileNotFoundError(f"resume={resume}: no such checkpoint. Use resume=auto or null.")
-    return path
+
+
+def resume_checkpoint(resume: str | None, out_dir: Path, updates: int = 1) -> tuple[Path | None, int]:
+    """The checkpoint a run resumes from and its ``global_step`` (``(None, 0)``: start afresh).
+
+    ``resume=auto`` takes the intact checkpoint with the most steps in ``<out_dir>/checkpoints``
+    (``last.ckpt``, ``step<N>.ckpt``, or ``interrupted.ckpt`` when a signal stopped the run after
+    the last periodic checkpoint); an unreadable one (e.g. truncated by a kill while it was being
+    written) is named and passed over, so a resume loses nothing that an intact file holds.
+
+    Raises:
+        InputError: ``resume`` is a path that does not exist or cannot be read.
+    """
+    if not resume:
+        return None, 0
+    if resume != "auto":
+        path = Path(resume)
+        if not path.is_file():
+            raise InputError(f"resume={resume}: no such checkpoint. Use resume=auto or null.")
+        step = _step_of(path)
+        if step is None:
+            raise InputError(f"resume={resume}: the checkpoint cannot be read (truncated or corrupt); "
+                             "use another checkpoint or resume=auto.")
+        return path, step
+    found = sorted((out_dir / "checkpoints").glob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.name))
+    steps = {p: _step_of(p) for p in found}
+    broken = [p for p, step in steps.items() if step is None]
+    intact = [p for p in found if steps[p] is not None]
+    best = max(intact, key=lambda p: steps[p], default=None)  # max keeps the first of equals
+    if broken:
+        instead = (f"resuming from {best.name} (RL step {steps[best] // updates}), the newest intact checkpoint"
+                   if best is not None else "no intact checkpoint is left: starting over")
+        _say(f"[creditlab] warning: {', '.join(str(p) for p in broken)} cannot be read (truncated or "
+             f"corrupt); {instead}")
+    return (best, steps[best]) if best is not None else (None, 0)
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _loggers(
@@ -83,6 +124,8 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     """Build model, parts, data, module and trainer; fit; return the run's summary (rank 0; other
     ranks return ``{}``). One process of the run: :mod:`creditlab.launch` decides how many."""
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
+    updates = loss.updates_per_batch
+    ckpt, global_step = resume_checkpoint(run_cfg.resume, out_dir, updates)  # before the model loads
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
     model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
@@ -95,27 +138,30 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     sampler = RolloutSampler(rollout, parts["backend"], parts["verifier"])
     steps = int(cfg.trainer.max_steps)
     data = TaskDataModule(parts["task"], run_cfg.prompts_per_step, steps, run_cfg.seed)
-    data.train_problems  # load and check both splits now: bad data fails before training starts
+    data.check_rows(tokenizer, model, rollout)  # load and check every row now: bad data fails before training
     module = CreditAssignmentModule(
         model, tokenizer,
         Parts(parts["backend"], parts["verifier"], parts["segmenter"], parts["advantage"],
               parts["rollout"], sampler, parts["reset_selector"]),
         data.problems_for_step, data.test_problems, loss, rollout, eval_cfg,
         instantiate(cfg.optim, _partial_=True), run_cfg.seed, run_cfg.grad_clip, reference,
+        names={"task": cfg.task.name, "verifier": cfg.verifier.name},
     )
 
-    ckpt = _resume_path(run_cfg.resume, out_dir)
     resume_step = None
     if ckpt is not None:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        resume_step = int(state["global_step"]) // loss.updates_per_batch
+        resume_step = global_step // updates
         print(f"[creditlab] resuming from {ckpt} at RL step {resume_step}")
-    updates = loss.updates_per_batch
+    elif run_cfg.resume and _has_rows(out_dir / "metrics.jsonl"):
+        resume_step = -1  # nothing to resume from: the same run starts over and logs its rows anew
+        _say(f"[creditlab] no checkpoint in {out_dir / 'checkpoints'}: starting over from step 0 "
+             "(the rows metrics.jsonl holds are logged anew)")
     every = run_cfg.checkpoint_every or steps
     callbacks = [ModelCheckpoint(
         dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
         save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
-    ), OnExceptionCheckpoint(dirpath=out_dir / "checkpoints", filename="interrupted")]
+        enable_version_counter=False,  # one last.ckpt, also in a moved run_dir (no last-v1.ckpt)
+    ), BoundaryCheckpoint(out_dir / "checkpoints" / "interrupted.ckpt")]
     if is_peft(model):
         callbacks.append(AdapterCheckpoint(out_dir / "adapter"))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -124,8 +170,20 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
                        use_distributed_sampler=False)
     loggers = _loggers(cfg, out_dir, resume_step, run_cfg, described)
     trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
+    stop = CtrlC()
     try:
-        trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
+        with stop:
+            trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
+    except SIGTERMException:  # Lightning's: a SystemExit with no code, which would exit 0
+        saved = callbacks[1].path
+        if saved.is_file():
+            raise RunStopped(stop.signal or "SIGTERM", module.rl_step, steps, saved, True) from None
+        raise RunStopped(stop.signal or "SIGTERM", module.rl_step, steps,
+                         resume_checkpoint("auto", out_dir)[0], False) from None
+    except SystemExit:  # Lightning ends a KeyboardInterrupt (a second Ctrl-C) with sys.exit(1)
+        if not stop.hard:
+            raise
+        raise RunStopped("SIGINT", module.rl_step, steps, resume_checkpoint("auto", out_dir)[0], False) from None
     finally:
         parts["verifier"].close()
         parts["backend"].close()
@@ -136,6 +194,70 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary, out_dir, model_path)
     return summary
+
+
+def _has_rows(path: Path) -> bool:
+    return path.is_file() and bool(path.read_text(errors="replace").strip())
+
+
+class BoundaryCheckpoint(Callback):
+    """Saves ``path`` (``interrupted.ckpt``) when the run stops between two RL steps (SIGTERM, a
+    first Ctrl-C), and nothing when it fails in the middle of one: a half-done step (weights
+    updated, its metrics not logged) would resume to other metrics than an uninterrupted run, so
+    the resume then takes the last periodic checkpoint. Removed when a fit ends normally.
+
+    Not Lightning's ``OnExceptionCheckpoint``: with one, ``fit(ckpt_path=None)`` silently resumes
+    from the newest ``last``/on-exception checkpoint in the folder, even where no resume was asked.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.in_step = False
+
+    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+        self.in_step = True
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self.in_step = False
+
+    def on_exception(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        # global step 0: nothing trained yet, and the step-0 evaluation would be logged twice
+        if not self.in_step and trainer.global_step > 0:
+            trainer.save_checkpoint(self.path, weights_only=False)
+
+    def teardown(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        trainer.strategy.remove_checkpoint(self.path)
+
+
+class CtrlC:
+    """While a trainer fits: the first Ctrl-C (SIGINT) stops the run the way SIGTERM does, at the
+    end of its RL step with ``interrupted.ckpt`` (it calls Lightning's SIGTERM handler, which on
+    several ranks makes rank 0's stop every rank's); a second one stops at once, saving nothing."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self.hard = False
+        self._previous: Any = None
+
+    def __enter__(self) -> CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        trainer_handler = signal.getsignal(signal.SIGTERM)
+        if self.signal is None and callable(trainer_handler):
+            self.signal = "SIGINT"
+            _say("\n[creditlab] Ctrl-C: stopping after this RL step and saving a checkpoint "
+                 "(Ctrl-C again stops at once, without saving the step)")
+            trainer_handler(signal.SIGTERM, frame)
+            return
+        self.signal, self.hard = "SIGINT", True
+        raise KeyboardInterrupt
 
 
 class AdapterCheckpoint(Callback):
