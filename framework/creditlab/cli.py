@@ -29,7 +29,7 @@ from rich.table import Table
 from creditlab.compose import (
     CONF_DIR, SUBMITIT_MISSING, compose, searchpath_override, split_searchpath,
 )
-from creditlab.config import check_machine, validate
+from creditlab.config import PART_KINDS, check_machine, validate
 from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.registry import REGISTRIES, conf_entries
 from creditlab.rundir_guard import RunDirError, check_run_dir
@@ -71,6 +71,9 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
         group, option = missing.groups()
         if group == "hydra/launcher" and option.startswith("submitit"):
             return SUBMITIT_MISSING.format(option)
+        registered = _registered_without_config(group, option)
+        if registered:
+            return registered
         options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
         hint = closest(option, options)
         given = [o for o in overrides if o.lstrip("+~").startswith(f"{group}=")]
@@ -102,6 +105,24 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
             + f" (Add a genuinely new key with '+{path}=...'.)"
         )
     return text + (f" ({cause})" if cause else "")
+
+
+def _registered_without_config(group: str, option: str) -> str | None:
+    """For ``group=option`` with no ``group/option.yaml``: when ``option`` is a registered part of
+    kind ``group``, what is wrong with it (its import error, or the missing config file)."""
+    if group not in PART_KINDS or option not in REGISTRIES[group]:
+        return None
+    entry = REGISTRIES[group].entries[option]
+    try:
+        REGISTRIES[group].get(option)
+    except RegistryError as exc:
+        return str(exc)
+    return (
+        f"{group} '{option}' is registered by '{entry.dist}' ({entry.target}) but no config file "
+        f"{group}/{option}.yaml is on the search path: the plug-in's config folder (entry-point group "
+        f"'creditlab.conf') should ship one, or put 'name: {option}' in <folder>/{group}/{option}.yaml "
+        f"and add hydra.searchpath=[file://<folder>]."
+    )
 
 
 def _options_with_key(group: str, key: str) -> list[str]:
@@ -168,19 +189,26 @@ def plugins(argv: list[str]) -> None:
     """Print every registered part (kind, name, distribution, version, module:attr) and every
     plug-in config folder (kind ``conf``)."""
     table = Table(title="creditlab plug-ins")
-    for col in ("kind", "name", "distribution", "version", "target"):
+    for col in ("kind", "name", "distribution", "version", "target", "import"):
         table.add_column(col)
+    broken = []
     for kind, reg in REGISTRIES.items():
         try:
             entries = list(reg)
         except RegistryError as exc:
-            table.add_row(kind, "[red]error[/red]", "", "", str(exc))
+            table.add_row(kind, "[red]error[/red]", "", "", str(exc), "")
+            broken.append(str(exc))
             continue
         for e in entries:
-            table.add_row(kind, e.name, e.dist, e.version, e.target)
+            problem = reg.problem(e.name)
+            table.add_row(kind, e.name, e.dist, e.version, e.target, f"[red]{problem}[/red]" if problem else "ok")
+            if problem:
+                broken.append(f"{kind} '{e.name}' from '{e.dist}' ({e.target}): {problem}")
     for e, path in conf_entries():  # config folders on Hydra's search path (creditlab.conf)
-        table.add_row("conf", e.name, e.dist, e.version, path)
+        table.add_row("conf", e.name, e.dist, e.version, path, "")
     Console(width=160).print(table)
+    for line in broken:  # besides the table (which may wrap), one line each on stderr
+        print(f"creditlab: plug-in unusable: {line}", file=sys.stderr)
 
 
 class _ArgumentParser(argparse.ArgumentParser):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -10,7 +11,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from creditlab.errors import InputError
 from creditlab.interfaces import Task
-from creditlab.types import Problem
+from creditlab.policy import encode_prompt
+from creditlab.types import Problem, RolloutConfig
 
 
 class _Steps(Dataset):
@@ -37,6 +39,33 @@ def _check_problems(problems: Sequence[Problem], task: Task, split: str) -> list
         if not isinstance(p.prompt, str) or not p.prompt:
             raise InputError(f"task {name}, split '{split}', problem {p.id!r}: prompt must be a non-empty string")
     return problems
+
+
+def check_lengths(
+    problems: Sequence[Problem], encode: Callable[[str], Sequence[int]], new_tokens: int,
+    context: int | None, where: str, budget: str = "rollout.max_new_tokens",
+) -> None:
+    """Raise when a row's prompt plus ``new_tokens`` needs more positions than ``context``.
+
+    Every row is encoded as the policy encodes it, so that a single over-long row stops the run
+    at start-up, named, instead of the step that draws it.
+
+    Raises:
+        InputError: Naming the first such row (index and id), its length, the budget and how many
+            other rows are too long.
+    """
+    if context is None:
+        return
+    long = [(i, p, n) for i, p in enumerate(problems) if (n := len(encode(p.prompt))) + new_tokens > context]
+    if not long:
+        return
+    i, p, n = long[0]
+    more = f" ({len(long) - 1} more rows too long, e.g. ids {', '.join(repr(q.id) for _, q, _ in long[1:4])})" if len(long) > 1 else ""
+    raise InputError(
+        f"{where}, row {i} (id {p.id!r}): its prompt of {n} tokens + {budget}={new_tokens} needs "
+        f"{n + new_tokens} positions, more than the model's context of {context}{more}. Shorten or "
+        f"drop the row (task.limit), lower {budget}, or use a model with a longer context."
+    )
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -69,6 +98,18 @@ class TaskDataModule(L.LightningDataModule):
         if self._test is None:
             self._test = _check_problems(self.task.load("test"), self.task, "test")
         return self._test
+
+    def check_rows(self, tokenizer: Any, model: Any, rollout: RolloutConfig) -> None:
+        """Load both splits and check every row (:func:`check_lengths`) against the model's
+        context (``max_position_embeddings``) and one generation call's budget
+        (``max_new_tokens``; with thoughts, one thought's ``max_thought_tokens``)."""
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        budget = "rollout.max_thought_tokens" if rollout.thoughts else "rollout.max_new_tokens"
+        new_tokens = rollout.max_thought_tokens if rollout.thoughts else rollout.max_new_tokens
+        name = type(self.task).__name__
+        for split, rows in (("train", self.train_problems), ("test", self.test_problems)):
+            check_lengths(rows, lambda text: encode_prompt(tokenizer, text), new_tokens, context,
+                          f"task {name}, split '{split}'", budget)
 
     def problems_for_step(self, step: int) -> list[Problem]:
         """The ``prompts_per_step`` problems of RL step ``step`` (epochs reshuffle)."""

@@ -14,8 +14,9 @@ the single-process update of the global batch; metrics are global and rank 0 log
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,7 @@ import torch
 
 from creditlab.aggregation import MiniBatchStats
 from creditlab.credit import CreditMetrics
-from creditlab.distributed import (
-    all_max,
-    gradient_sync,
-    rank_and_world,
-    reduce_metrics,
-    shard,
-)
+from creditlab.distributed import all_max, all_sum, gradient_sync, rank_and_world, reduce_metrics, shard
 from creditlab.evaluation import EvalConfig, evaluate
 from creditlab.forward import response_logits as shared_prompt_logits
 from creditlab.interfaces import (
@@ -42,17 +37,13 @@ from creditlab.interfaces import (
     Segmenter,
     Verifier,
 )
-from creditlab.losses import (
-    LOSS_METRICS,
-    LossConfig,
-    entropy_from_logits,
-    gather_logprobs,
-    policy_loss,
-)
+from creditlab.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
 from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutSampler, collate, with_segments
 from creditlab.step_metrics import batch_metrics, one_writer_per_key
-from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum
+from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -97,6 +88,7 @@ class CreditAssignmentModule(L.LightningModule):
         seed: The run seed.
         grad_clip: Max gradient norm (0 = off).
         reference: Frozen reference policy for a KL penalty, or None.
+        names: The configured names of the run's parts (``task``, ``verifier``), for messages.
     """
 
     def __init__(
@@ -113,8 +105,11 @@ class CreditAssignmentModule(L.LightningModule):
         seed: int,
         grad_clip: float = 1.0,
         reference: Any | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
+        self.names = {"task": "?", "verifier": type(getattr(parts, "verifier", None)).__name__, **(names or {})}
+        self._answers_checked = False
         self.automatic_optimization = False
         self.policy = model
         self.tokenizer = tokenizer
@@ -211,6 +206,9 @@ class CreditAssignmentModule(L.LightningModule):
         problems = shard(self.problems_for_step(step), *rank_and_world())
         trajectories = self.parts.rollout.collect(problems, ctx, self.parts.sampler, self.seed_for(step))
         t_gen = time.perf_counter() - t0
+        if not self._answers_checked:
+            self._answers_checked = True
+            self.warn_if_no_answers(trajectories)
 
         # 2. Pad into tensors, segment, estimate per-token advantages.
         rollout = collate(trajectories, self.tokenizer.pad_token_id, self.rollout_cfg.truncation)
@@ -319,6 +317,22 @@ class CreditAssignmentModule(L.LightningModule):
         with torch.no_grad():
             entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
         return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
+
+    def warn_if_no_answers(self, trajectories: Sequence[Trajectory]) -> bool:
+        """Warn loudly (and return True) when no completion of the run's first step, on any rank,
+        has an answer the verifier could parse: every reward is then the same, nothing is learned."""
+        judged = [t.info for t in trajectories if "parsed" in t.info or "outcome" in t.info]
+        parsed, cut, total = all_sum([
+            float(sum(i.get("parsed") is not None or i.get("outcome") in ("correct", "wrong") for i in judged)),
+            float(sum(bool(i.get("truncated")) for i in judged)), float(len(judged))])
+        if total > 0 and parsed == 0:
+            log.warning(
+                "creditlab: WARNING: no completion of the first step has an answer the verifier can parse "
+                "(verifier=%s, task=%s: 0 of %d), so every reward is the same and nothing is learned.\n  Check "
+                "that the verifier fits the task (each task's config selects a matching one: drop a verifier= "
+                "override), the budget (%d of %d cut off at the token limit) and the prompt's answer format.",
+                self.names["verifier"], self.names["task"], int(total), int(cut), int(total))
+        return total > 0 and parsed == 0
 
     # -- helpers -----------------------------------------------------------------------------------
     @property

@@ -158,6 +158,21 @@ class Registry(Generic[T]):
             )
         return obj
 
+    def problem(self, name: str) -> str | None:
+        """Why the registered ``name`` cannot be used (its import error, or not a subclass of
+        the kind's interface), or None when it loads. Imports the plug-in."""
+        try:
+            self.get(name)
+        except RegistryError as exc:
+            return _import_problem(exc)
+        return None
+
+
+def _import_problem(exc: RegistryError) -> str:
+    """The cause of a failed load in a few words (the import error, or the whole message)."""
+    cause = exc.__cause__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
 
 def build_config(schema: type, options: Mapping[str, Any], where: str) -> Any:
     """Instantiate the dataclass ``schema`` from ``options``, rejecting unknown keys and wrong
