@@ -189,8 +189,9 @@ def plugins(argv: list[str]) -> None:
     """Print every registered part (kind, name, distribution, version, module:attr) and every
     plug-in config folder (kind ``conf``)."""
     table = Table(title="creditlab plug-ins")
-    for col in ("kind", "name", "distribution", "version", "target", "import"):
-        table.add_column(col)
+    for col in ("kind", "name", "distribution", "version", "target"):
+        table.add_column(col, overflow="fold")  # long names wrap, never cut to "…"
+    table.add_column("import", overflow="fold", max_width=40)  # an error wraps within its row
     broken = []
     for kind, reg in REGISTRIES.items():
         try:
@@ -206,7 +207,7 @@ def plugins(argv: list[str]) -> None:
                 broken.append(f"{kind} '{e.name}' from '{e.dist}' ({e.target}): {problem}")
     for e, path in conf_entries():  # config folders on Hydra's search path (creditlab.conf)
         table.add_row("conf", e.name, e.dist, e.version, path, "")
-    Console(width=160).print(table)
+    Console(width=200).print(table)
     for line in broken:  # besides the table (which may wrap), one line each on stderr
         print(f"creditlab: plug-in unusable: {line}", file=sys.stderr)
 
