@@ -186,8 +186,8 @@ def train(argv: list[str]) -> None:
 
 
 def plugins(argv: list[str]) -> None:
-    """Print every registered part (kind, name, distribution, version, module:attr) and every
-    plug-in config folder (kind ``conf``)."""
+    """Print every registered part (kind, name, distribution, version, module:attr, whether it
+    imports: else its import error, repeated on stderr) and every plug-in config folder (``conf``)."""
     table = Table(title="creditlab plug-ins")
     for col in ("kind", "name", "distribution", "version", "target"):
         table.add_column(col, overflow="fold")  # long names wrap, never cut to "…"
