@@ -22,6 +22,8 @@ from typing import Any
 
 from creditlab import Problem, Task
 
+from creditlab_arith.answer import last_boxed, parse_int
+
 #: The supported operators (applied left to right, one per step).
 OPS = "+-*"
 
@@ -30,7 +32,6 @@ BOXED = "\\boxed{"
 _STEP_RE = re.compile(
     r"^(?:(\d+)\s*:\s*)?(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$"
 )
-_BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
@@ -62,22 +63,6 @@ def split_thoughts(text: str, delimiter: str = "</thought>") -> list[str]:
     if tail.strip():
         pieces.append(tail)
     return pieces
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` in ``text`` (stripped), or ``None``."""
-    found = _BOXED_RE.findall(text)
-    return found[-1].strip() if found else None
-
-
-def parse_int(text: str | None) -> int | None:
-    """``text`` as an integer (surrounding spaces allowed), or ``None``."""
-    if text is None:
-        return None
-    text = text.strip()
-    if not re.fullmatch(r"[+-]?\d{1,12}", text):
-        return None
-    return int(text)
 
 
 def _clean(thought: str, delimiter: str) -> str:

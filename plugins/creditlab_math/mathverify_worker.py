@@ -17,6 +17,12 @@ from creditlab_math.extract import last_boxed
 
 _GOLD_CACHE: dict[str, list] = {}
 _GOLD_CACHE_SIZE = 4096
+#: An extracted answer (a box's content, a regex match) longer than this is scored ``wrong``
+#: without parsing: parsing a long expression costs math-verify far more than linear time, and no
+#: real final answer is that long (the NuminaMath preparation keeps golds of at most 60
+#: characters; MATH answers are short expressions). Whole-text extraction (``"any"``) is bounded
+#: by the hard time limit only.
+MAX_ANSWER_CHARS = 1000
 
 
 def setup(initializer: Callable | None = None, initargs: tuple = ()) -> None:
@@ -99,6 +105,8 @@ def check_completion(gold: str, text: str, options: dict[str, Any]) -> dict[str,
     answer, isolated = extract(text, options["extraction"], options["answer_regex"])
     if answer is None or not answer.strip():
         return {"outcome": "no_answer", "parsed": None}
+    if isolated and len(answer) > MAX_ANSWER_CHARS:
+        return {"outcome": "wrong", "parsed": answer[:100] + "..."}
     pred = _parse(f"\\boxed{{{answer}}}") if isolated else _parse(answer)
     if not pred:
         return {"outcome": "no_answer", "parsed": None}

@@ -1,20 +1,19 @@
-"""Fault injection for the ``math_verify`` verifier's worker processes (tests, deployment checks).
+"""Fault injection for the verifiers' worker processes (tests, deployment checks).
 
-Pass :func:`inject_faults` as ``MathVerifyVerifier(..., worker_initializer=inject_faults,
-worker_initargs=(...))``: in every worker it wraps
-:func:`creditlab_math.mathverify_worker.check_completion` so that completions containing a marker
-hang, crash the worker, or raise. This exercises the
-timeout, crash and error paths with the real pool, without any debug option in the public config.
-It lives in the package (not in a test file) so that spawned workers can always import it.
+Pass :func:`inject_faults` as ``worker_initializer`` (``MathVerifyVerifier``, ``GSM8KVerifier``
+and ``ArithVerifier`` take it, with ``worker_initargs``): in every worker it wraps the check
+function (by default :func:`creditlab_math.mathverify_worker.check_completion`) so that
+completions containing a marker hang, crash the worker, or raise. This exercises the timeout,
+crash and error paths with the real pool, without any debug option in the public config. It
+lives in the package (not in a test file) so that spawned workers can always import it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from typing import Any
-
-import creditlab_math.mathverify_worker as worker
 
 
 def inject_faults(
@@ -22,6 +21,7 @@ def inject_faults(
     crash_marker: str | None = "<<CRASH>>",
     raise_marker: str | None = "<<RAISE>>",
     hang_s: float = 3600.0,
+    target: str = "creditlab_math.mathverify_worker:check_completion",
 ) -> None:
     """Worker initializer: make marked completions hang, kill the worker, or raise.
 
@@ -30,16 +30,19 @@ def inject_faults(
         crash_marker: Completions containing it end the worker process (``os._exit(3)``).
         raise_marker: Completions containing it raise ``RuntimeError("injected failure")``.
         hang_s: How long a hang lasts.
+        target: The check to wrap, ``"module:function"``; its second argument is the text.
     """
-    original = worker.check_completion
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    original = getattr(module, name)
 
-    def faulty(gold: str, text: str, options: dict[str, Any]) -> dict[str, Any]:
+    def faulty(gold: str, text: str, *rest: Any) -> dict[str, Any]:
         if hang_marker and hang_marker in text:
             time.sleep(hang_s)
         if crash_marker and crash_marker in text:
             os._exit(3)
         if raise_marker and raise_marker in text:
             raise RuntimeError("injected failure")
-        return original(gold, text, options)
+        return original(gold, text, *rest)
 
-    worker.check_completion = faulty
+    setattr(module, name, faulty)

@@ -1,13 +1,19 @@
-"""Math verifiers: ``math_verify`` (symbolic, in worker processes) and ``gsm8k`` (numeric).
+"""Math verifiers: ``math_verify`` (symbolic) and ``gsm8k`` (numeric), both in worker processes.
 
 Both report one of :data:`~creditlab_math.extract.OUTCOMES` per completion in ``Rewards.info``
 (``{"parsed", "outcome", "error"?}``) and count them for :meth:`metrics`: a response without a
-parsable answer is ``no_answer``, an exception is ``error`` with its message, an overrun is
-``timeout``. None of them is ever a silent 0.
+parsable answer is ``no_answer``, an exception is ``error`` with its message, an overrun of the
+hard per-completion limit ``timeout_s`` is ``timeout``. None of them is ever a silent 0.
+
+Every completion is checked in a worker process (:class:`CheckPool`), because only a process can
+be stopped: model output is adversarial, and one pathological answer must cost at most
+``timeout_s`` seconds, never a hung trainer. :class:`CheckPool` is also how another verifier (the
+``arith`` one, or a plug-in's) gets the same hard limit.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from collections import Counter
@@ -17,17 +23,9 @@ from typing import Any
 
 from creditlab import Completion, ConfigError, Mean, Problem, Rewards, Sum, Verifier
 
-from creditlab_math.extract import (
-    OUTCOMES,
-    after_last_hashes,
-    first_number,
-    format_number,
-    last_boxed,
-    numbers_in,
-    to_number,
-)
+from creditlab_math.extract import OUTCOMES, gsm8k_check
 from creditlab_math.mathverify_worker import setup
-from creditlab_math.pool import ProcessWorkerPool
+from creditlab_math.pool import PIPELINE_DEPTH, ProcessWorkerPool
 
 EXTRACTION_MODES = ("boxed_or_any", "boxed", "any", "regex")
 
@@ -39,6 +37,81 @@ def _pair_check(problems: Sequence[Problem], completions: Sequence[Completion], 
             f"they must pair up one to one"
         )
 
+
+
+def check_limits(timeout_s: Any, workers: Any) -> None:
+    """Raise a :class:`ConfigError` naming ``verifier.timeout_s`` / ``verifier.workers`` unless
+    the limit is a finite number of seconds > 0 and there is at least one worker."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+        math.isfinite(timeout_s) and timeout_s > 0
+    ):
+        raise ConfigError(
+            f"verifier.timeout_s must be > 0 (the hard limit per completion, in seconds); "
+            f"got {timeout_s!r}"
+        )
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"verifier.workers must be >= 1 (worker processes); got {workers!r}")
+
+
+class CheckPool:
+    """A verifier's per-completion check, run in worker processes with a hard time limit each.
+
+    ``target`` (``"module:function"``) is called as ``function(*item)`` in a persistent worker
+    process and returns the completion's info dict (``{"outcome", "parsed", ...}``). An item that
+    runs past ``timeout_s`` gets ``{"outcome": "timeout", "parsed": None, "error": ...}`` (its
+    worker is killed and replaced); one that raises, or kills its worker, gets outcome
+    ``error``. With ``pipeline`` (the default, for cheap checks) items are queued on busy
+    workers (:mod:`creditlab_math.pool`), so a batch costs about one round trip; expensive checks
+    should pass ``pipeline=0`` so that an idle worker takes the next item. The target's module must import fast and must not import torch or
+    ``creditlab`` (a worker imports it at start and after every timeout): put the check in a
+    module of its own that imports only the standard library.
+
+    Args:
+        target: The check, ``"module:function"``.
+        timeout_s: Hard wall-clock limit per item, in seconds (> 0).
+        workers: Worker processes (>= 1).
+        initializer: Optional callable run once in every worker; ``initargs`` its arguments.
+        pipeline: Items queued on a busy worker (0: one at a time).
+
+    Raises:
+        ConfigError: If ``timeout_s`` or ``workers`` is out of range.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        timeout_s: float,
+        workers: int,
+        initializer: Callable | None = None,
+        initargs: tuple = (),
+        pipeline: int = PIPELINE_DEPTH,
+    ) -> None:
+        check_limits(timeout_s, workers)
+        self.pool = ProcessWorkerPool(
+            target=target, workers=workers, timeout_s=timeout_s,
+            initializer=initializer, initargs=tuple(initargs), pipeline=pipeline,
+        )
+        self._restarts_seen = 0
+        self._finalizer = weakref.finalize(self, self.pool.close)
+
+    def run(self, items: Sequence[tuple]) -> list[dict[str, Any]]:
+        """The info dict of every item, in order; blocks until each is done or timed out."""
+        out = []
+        for result in self.pool.map(items):
+            if result.status == "ok":
+                out.append(dict(result.value))
+            else:
+                out.append({"outcome": result.status, "parsed": None, "error": result.error})
+        return out
+
+    def new_restarts(self) -> int:
+        """Workers killed (timeouts) or found dead since the last call."""
+        new, self._restarts_seen = self.pool.restarts - self._restarts_seen, self.pool.restarts
+        return new
+
+    def close(self) -> None:
+        """Stop the worker processes (also done on garbage collection and at exit)."""
+        self._finalizer()
 
 
 class OutcomeCounter:
@@ -134,16 +207,12 @@ class MathVerifyVerifier(Verifier):
                 re.compile(cfg.answer_regex)
             except re.error as exc:
                 raise ConfigError(f"verifier.answer_regex does not compile: {exc}") from exc
-        try:
-            self._pool = ProcessWorkerPool(
-                target="creditlab_math.mathverify_worker:check_completion",
-                workers=cfg.workers,
-                timeout_s=cfg.timeout_s,
-                initializer=setup,
-                initargs=(worker_initializer, tuple(worker_initargs)),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"verifier: {exc}") from exc
+        self._checks = CheckPool(
+            "creditlab_math.mathverify_worker:check_completion", cfg.timeout_s, cfg.workers,
+            initializer=setup, initargs=(worker_initializer, tuple(worker_initargs)),
+            pipeline=0,  # seconds-long items: an idle worker should take the next one
+        )
+        self._pool = self._checks.pool
         self._options = {
             "extraction": cfg.extraction,
             "answer_regex": cfg.answer_regex,
@@ -152,8 +221,6 @@ class MathVerifyVerifier(Verifier):
             "strict": cfg.strict,
         }
         self._counter = OutcomeCounter()
-        self._restarts_seen = 0
-        self._finalizer = weakref.finalize(self, self._pool.close)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
         """One reward per (problem, completion) pair; blocks until every item is done.
@@ -168,11 +235,7 @@ class MathVerifyVerifier(Verifier):
             for p, c in zip(problems, completions)
         ]
         values, info = [], []
-        for result in self._pool.map(items):
-            if result.status == "ok":
-                entry = dict(result.value)
-            else:
-                entry = {"outcome": result.status, "parsed": None, "error": result.error}
+        for entry in self._checks.run(items):
             correct = entry["outcome"] == "correct"
             values.append(self.config.reward_correct if correct else self.config.reward_wrong)
             self._counter.add(entry["outcome"])
@@ -182,17 +245,16 @@ class MathVerifyVerifier(Verifier):
     def metrics(self) -> dict[str, float]:
         """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
         out = self._counter.pop_metrics()
-        out["worker_restarts"] = Sum(self._pool.restarts - self._restarts_seen)
-        self._restarts_seen = self._pool.restarts
+        out["worker_restarts"] = Sum(self._checks.new_restarts())
         return out
 
     def close(self) -> None:
         """Stop the worker processes (also done on garbage collection and at exit)."""
-        self._finalizer()
+        self._checks.close()
 
 
 class GSM8KVerifier(Verifier):
-    """GSM8K-style numeric answer checking, in process.
+    """GSM8K-style numeric answer checking (:func:`creditlab_math.extract.gsm8k_check`).
 
     Gold: the text after the last ``####`` of ``problem.answer`` (or all of it when there is no
     marker), with commas, ``$`` and spaces removed. Prediction, first that exists: the number
@@ -200,6 +262,11 @@ class GSM8KVerifier(Verifier):
     number in the text (``fallback_last_number``). Compared as numbers: ``1,000 == 1000``,
     ``18.0 == 18``, ``\\frac{7}{2} == 3.5``. ``info[i]`` is ``{"parsed", "outcome", "source",
     "error"?}`` where ``source`` is ``"####"``, ``"boxed"`` or ``"last_number"``.
+
+    Extraction is linear in the text and numbers are bounded (``MAX_NUMBER_CHARS``,
+    ``MAX_EXPONENT`` in :mod:`creditlab_math.extract`), so a check takes microseconds for a
+    normal answer and well under a second per megabyte for any text; each one still runs in a
+    worker process with the hard limit ``timeout_s`` (:class:`CheckPool`) as the backstop.
     """
 
     @dataclass
@@ -212,63 +279,61 @@ class GSM8KVerifier(Verifier):
             tolerance: Numbers match when ``|pred - gold| <= tolerance * max(1, |gold|)``.
             reward_correct: Reward of a correct answer.
             reward_wrong: Reward of every other outcome.
+            timeout_s: Hard wall-clock limit per completion, in seconds (outcome ``timeout``).
+            workers: Worker processes.
         """
 
         fallback_last_number: bool = True
         tolerance: float = 1e-6
         reward_correct: float = 1.0
         reward_wrong: float = 0.0
+        timeout_s: float = 2.0
+        workers: int = 1
 
-    def __init__(self, config: Any | None = None) -> None:
+    def __init__(
+        self,
+        config: Any | None = None,
+        *,
+        worker_initializer: Callable | None = None,
+        worker_initargs: tuple = (),
+    ) -> None:
+        """Keyword Args: ``worker_initializer``, ``worker_initargs``: as for
+        :class:`MathVerifyVerifier` (e.g. :func:`creditlab_math.testing.inject_faults` with
+        ``target="creditlab_math.extract:gsm8k_check"``)."""
         super().__init__(config)
+        cfg = self.config
+        if not (math.isfinite(cfg.tolerance) and cfg.tolerance >= 0):
+            raise ConfigError(f"verifier.tolerance must be a number >= 0; got {cfg.tolerance!r}")
+        self._checks = CheckPool(
+            "creditlab_math.extract:gsm8k_check", cfg.timeout_s, cfg.workers,
+            initializer=worker_initializer, initargs=worker_initargs,
+        )
+        self._options = {
+            "fallback_last_number": cfg.fallback_last_number,
+            "tolerance": cfg.tolerance,
+        }
         self._counter = OutcomeCounter()
 
-    def _predict(self, text: str) -> tuple[Any, str | None]:
-        after = after_last_hashes(text)
-        if after is not None:
-            value = first_number(after)
-            if value is not None:
-                return value, "####"
-        boxed = last_boxed(text)
-        if boxed is not None:
-            value = first_number(boxed)
-            if value is not None:
-                return value, "boxed"
-        if self.config.fallback_last_number:
-            found = numbers_in(text)
-            if found:
-                return to_number(found[-1]), "last_number"
-        return None, None
-
     def check(self, gold_text: str, text: str) -> dict[str, Any]:
-        """Score one completion: ``{"parsed", "outcome", "source", "error"?}``."""
-        gold_part = after_last_hashes(gold_text)
-        gold = to_number(gold_part if gold_part is not None else gold_text)
-        if gold is None:
-            return {"outcome": "error", "parsed": None, "source": None,
-                    "error": f"the reference answer {gold_text!r} is not a number"}
-        pred, source = self._predict(text)
-        if pred is None:
-            return {"outcome": "no_answer", "parsed": None, "source": None}
-        close = abs(pred - gold) <= self.config.tolerance * max(1, abs(gold))
-        outcome = "correct" if close else "wrong"
-        return {"outcome": outcome, "parsed": format_number(pred), "source": source}
+        """Score one completion in this process (no time limit; :meth:`score` has one):
+        ``{"parsed", "outcome", "source", "error"?}``."""
+        return gsm8k_check(gold_text, text, self._options)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
-        """One reward per (problem, completion) pair.
+        """One reward per (problem, completion) pair; blocks until every item is done.
 
         Raises:
             ValueError: If the two sequences differ in length.
+            RuntimeError: If the workers cannot start, or after :meth:`close`.
         """
         _pair_check(problems, completions, type(self).__name__)
+        items = [
+            (str(p.answer), c.text if isinstance(c.text, str) else "", self._options)
+            for p, c in zip(problems, completions)
+        ]
         values, info = [], []
-        for problem, completion in zip(problems, completions):
-            text = completion.text if isinstance(completion.text, str) else ""
-            try:
-                entry = self.check(str(problem.answer), text)
-            except Exception as exc:  # noqa: BLE001 - counted, never a silent 0
-                entry = {"outcome": "error", "parsed": None, "source": None,
-                         "error": f"{type(exc).__name__}: {exc}"}
+        for entry in self._checks.run(items):
+            entry.setdefault("source", None)
             self._counter.add(entry["outcome"])
             correct = entry["outcome"] == "correct"
             values.append(self.config.reward_correct if correct else self.config.reward_wrong)
@@ -276,5 +341,11 @@ class GSM8KVerifier(Verifier):
         return Rewards(values=tuple(values), info=tuple(info))
 
     def metrics(self) -> dict[str, float]:
-        """``scored`` and ``<outcome>_count``/``_rate`` since the last call; resets."""
-        return self._counter.pop_metrics()
+        """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
+        out = self._counter.pop_metrics()
+        out["worker_restarts"] = Sum(self._checks.new_restarts())
+        return out
+
+    def close(self) -> None:
+        """Stop the worker processes (also done on garbage collection and at exit)."""
+        self._checks.close()

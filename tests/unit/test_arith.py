@@ -187,6 +187,9 @@ def test_verifier_metrics_reset() -> None:
         "correct_rate": 0.25,
         "wrong_rate": 0.25,
         "no_answer_rate": 0.5,
+        "timeout_rate": 0.0,
+        "error_rate": 0.0,
+        "worker_restarts": 0.0,
     }
     assert verifier.metrics() == {"scored": 0.0}
     with pytest.raises(ValueError):
