@@ -35,7 +35,7 @@ class ArithVerifier(Verifier):
             workers: Worker processes.
         """
 
-        timeout_s: float = 2.0
+        timeout_s: float = 5.0
         workers: int = 1
 
     def __init__(

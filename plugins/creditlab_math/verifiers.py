@@ -287,7 +287,7 @@ class GSM8KVerifier(Verifier):
         tolerance: float = 1e-6
         reward_correct: float = 1.0
         reward_wrong: float = 0.0
-        timeout_s: float = 2.0
+        timeout_s: float = 5.0
         workers: int = 1
 
     def __init__(
