@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditlab import Completion, Mean, Problem, Rewards, Sum, Verifier
-from creditlab_math.verifiers import CheckPool
+from creditlab_math.verifiers import CheckPool, check_limits
 
 from creditlab_arith.answer import OUTCOMES
 
@@ -37,6 +37,10 @@ class ArithVerifier(Verifier):
 
         timeout_s: float = 5.0
         workers: int = 1
+
+        def __post_init__(self) -> None:
+            """Checked when the config is built, before the model loads."""
+            check_limits(self.timeout_s, self.workers)
 
     def __init__(
         self,

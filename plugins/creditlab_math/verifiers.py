@@ -186,6 +186,22 @@ class MathVerifyVerifier(Verifier):
         numeric_precision: int = 15
         strict: bool = True
 
+        def __post_init__(self) -> None:
+            """Checked when the config is built, before the model loads."""
+            check_limits(self.timeout_s, self.workers)
+            if self.extraction not in EXTRACTION_MODES:
+                raise ConfigError(
+                    f"verifier.extraction must be one of {', '.join(EXTRACTION_MODES)}; "
+                    f"got {self.extraction!r}"
+                )
+            if self.extraction == "regex":
+                if not self.answer_regex:
+                    raise ConfigError("verifier.extraction 'regex' needs verifier.answer_regex")
+                try:
+                    re.compile(self.answer_regex)
+                except re.error as exc:
+                    raise ConfigError(f"verifier.answer_regex does not compile: {exc}") from exc
+
     def __init__(
         self,
         config: Any | None = None,
@@ -195,18 +211,6 @@ class MathVerifyVerifier(Verifier):
     ) -> None:
         super().__init__(config)
         cfg = self.config
-        if cfg.extraction not in EXTRACTION_MODES:
-            raise ConfigError(
-                f"verifier.extraction must be one of {', '.join(EXTRACTION_MODES)}; "
-                f"got {cfg.extraction!r}"
-            )
-        if cfg.extraction == "regex":
-            if not cfg.answer_regex:
-                raise ConfigError("verifier.extraction 'regex' needs verifier.answer_regex")
-            try:
-                re.compile(cfg.answer_regex)
-            except re.error as exc:
-                raise ConfigError(f"verifier.answer_regex does not compile: {exc}") from exc
         self._checks = CheckPool(
             "creditlab_math.mathverify_worker:check_completion", cfg.timeout_s, cfg.workers,
             initializer=setup, initargs=(worker_initializer, tuple(worker_initargs)),
@@ -290,6 +294,14 @@ class GSM8KVerifier(Verifier):
         timeout_s: float = 5.0
         workers: int = 1
 
+        def __post_init__(self) -> None:
+            """Checked when the config is built, before the model loads."""
+            check_limits(self.timeout_s, self.workers)
+            if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+                raise ConfigError(
+                    f"verifier.tolerance must be a number >= 0; got {self.tolerance!r}"
+                )
+
     def __init__(
         self,
         config: Any | None = None,
@@ -302,8 +314,6 @@ class GSM8KVerifier(Verifier):
         ``target="creditlab_math.extract:gsm8k_check"``)."""
         super().__init__(config)
         cfg = self.config
-        if not (math.isfinite(cfg.tolerance) and cfg.tolerance >= 0):
-            raise ConfigError(f"verifier.tolerance must be a number >= 0; got {cfg.tolerance!r}")
         self._checks = CheckPool(
             "creditlab_math.extract:gsm8k_check", cfg.timeout_s, cfg.workers,
             initializer=worker_initializer, initargs=worker_initargs,

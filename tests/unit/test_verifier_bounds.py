@@ -10,10 +10,11 @@ in the training process, with no limit.
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
+from creditlab.compose import compose
+from creditlab.config import validate
 from creditlab.errors import ConfigError
 from creditlab.registry import build_part
 from creditlab.types import Completion, Problem
@@ -181,18 +182,20 @@ def test_arith_hard_limit_and_crash_are_counted_outcomes(arith):
     assert metrics["worker_restarts"] == 2
 
 
-# -- the limit is validated ------------------------------------------------------------------------
+# -- the limit is validated before the model loads --------------------------------------------------
 @pytest.mark.parametrize("name", ["gsm8k", "arith", "math_verify"])
-@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf])
+@pytest.mark.parametrize("bad", ["0", "-1.0", "nan", "inf"])
 def test_timeout_s_must_be_positive_and_finite(name, bad):
+    """``validate`` (which runs before the model loads) rejects it with the key and the value."""
     with pytest.raises(ConfigError, match=r"verifier\.timeout_s must be > 0 .*got"):
-        build_part("verifier", {"name": name, "timeout_s": bad})
+        validate(compose([f"verifier={name}", f"verifier.timeout_s={bad}"]))
 
 
 @pytest.mark.parametrize("name", ["gsm8k", "arith"])
 def test_workers_must_be_at_least_one(name):
     with pytest.raises(ConfigError, match=r"verifier\.workers must be >= 1.*got 0"):
         build_part("verifier", {"name": name, "workers": 0})
+    assert build_part("verifier", {"name": name, "timeout_s": 0.5}).config.timeout_s == 0.5
 
 
 # -- math_verify -----------------------------------------------------------------------------------
