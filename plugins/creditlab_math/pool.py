@@ -138,7 +138,7 @@ _BOOT = (
 
 
 class _Worker:
-    """One worker process, its socket, and the item it is working on."""
+    """One worker process, its socket, and the items sent to it and not yet answered."""
 
     def __init__(self, target: str, initializer: Callable | None, initargs: tuple) -> None:
         ours, theirs = socket.socketpair()
