@@ -166,12 +166,14 @@ def _run(cfg: DictConfig, checked: dict[str, Any], out_dir: Path, layout: Launch
     with recorded(out_dir):
         if processes > 1:
             resolve_model_path(checked["model"])  # a model recipe builds its cache once, here
+            started = time.time()
             try:
                 start_ranks(out_dir, processes, threads)
             except SignalException as exc:  # the agent stopped the ranks with the signal it got
                 ckpt = out_dir / "checkpoints" / "interrupted.ckpt"
+                saved = ckpt.is_file() and ckpt.stat().st_mtime >= started
                 raise RunStopped(signal.Signals(exc.sigval).name, _last_step(out_dir / "metrics.jsonl"),
-                                 int(cfg.trainer.max_steps), ckpt if ckpt.is_file() else None, ckpt.is_file()) from None
+                                 int(cfg.trainer.max_steps), ckpt if saved else None, saved) from None
             summary = out_dir / "summary.json"
             return json.loads(summary.read_text()) if summary.is_file() else {}
         if threads:

@@ -92,8 +92,8 @@ def resume_checkpoint(resume: str | None, out_dir: Path, updates: int = 1) -> tu
 
 
 @rank_zero_only
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
+def _say(message: str, stream: Any = None) -> None:
+    print(message, file=stream or sys.stderr)
 
 
 def _loggers(
@@ -151,7 +151,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     resume_step = None
     if ckpt is not None:
         resume_step = global_step // updates
-        print(f"[creditlab] resuming from {ckpt} at RL step {resume_step}")
+        _say(f"[creditlab] resuming from {ckpt} at RL step {resume_step}", sys.stdout)
     elif run_cfg.resume and _has_rows(out_dir / "metrics.jsonl"):
         resume_step = -1  # nothing to resume from: the same run starts over and logs its rows anew
         _say(f"[creditlab] no checkpoint in {out_dir / 'checkpoints'}: starting over from step 0 "
@@ -161,7 +161,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
         dirpath=out_dir / "checkpoints", filename="step{step}", every_n_train_steps=every * updates,
         save_last=True, save_top_k=1, monitor=None, auto_insert_metric_name=False,
         enable_version_counter=False,  # one last.ckpt, also in a moved run_dir (no last-v1.ckpt)
-    ), BoundaryCheckpoint(out_dir / "checkpoints" / "interrupted.ckpt")]
+    ), StopAtStepEnd(out_dir / "checkpoints" / "interrupted.ckpt")]
     if is_peft(model):
         callbacks.append(AdapterCheckpoint(out_dir / "adapter"))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -170,20 +170,19 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
                        use_distributed_sampler=False)
     loggers = _loggers(cfg, out_dir, resume_step, run_cfg, described)
     trainer = instantiate(trainer_cfg, callbacks=callbacks, logger=loggers)
-    stop = CtrlC()
+    stopper = callbacks[1]
     try:
-        with stop:
+        with stopper:
             trainer.fit(module, train_dataloaders=data.train_dataloader(), ckpt_path=str(ckpt) if ckpt else None)
-    except SIGTERMException:  # Lightning's: a SystemExit with no code, which would exit 0
-        saved = callbacks[1].path
-        if saved.is_file():
-            raise RunStopped(stop.signal or "SIGTERM", module.rl_step, steps, saved, True) from None
-        raise RunStopped(stop.signal or "SIGTERM", module.rl_step, steps,
-                         resume_checkpoint("auto", out_dir)[0], False) from None
+    except (StopRequested, SIGTERMException):  # Lightning's (a signal before training started)
+        name = stopper.signal or "SIGTERM"
+        if stopper.saved:
+            raise RunStopped(name, module.rl_step, steps, stopper.path, True) from None
+        raise RunStopped(name, module.rl_step, steps, resume_checkpoint("auto", out_dir, updates)[0], False) from None
     except SystemExit:  # Lightning ends a KeyboardInterrupt (a second Ctrl-C) with sys.exit(1)
-        if not stop.hard:
+        if not stopper.hard:
             raise
-        raise RunStopped("SIGINT", module.rl_step, steps, resume_checkpoint("auto", out_dir)[0], False) from None
+        raise RunStopped("SIGINT", module.rl_step, steps, resume_checkpoint("auto", out_dir, updates)[0], False) from None
     finally:
         parts["verifier"].close()
         parts["backend"].close()
@@ -200,64 +199,78 @@ def _has_rows(path: Path) -> bool:
     return path.is_file() and bool(path.read_text(errors="replace").strip())
 
 
-class BoundaryCheckpoint(Callback):
-    """Saves ``path`` (``interrupted.ckpt``) when the run stops between two RL steps (SIGTERM, a
-    first Ctrl-C), and nothing when it fails in the middle of one: a half-done step (weights
-    updated, its metrics not logged) would resume to other metrics than an uninterrupted run, so
-    the resume then takes the last periodic checkpoint. Removed when a fit ends normally.
+class StopRequested(Exception):
+    """Raised on every rank at the end of the RL step in which the run got SIGTERM or Ctrl-C."""
 
-    Not Lightning's ``OnExceptionCheckpoint``: with one, ``fit(ckpt_path=None)`` silently resumes
-    from the newest ``last``/on-exception checkpoint in the folder, even where no resume was asked.
+
+class StopAtStepEnd(Callback):
+    """SIGTERM and a first Ctrl-C (SIGINT) stop the run at the end of its RL step, saving
+    ``path`` (``interrupted.ckpt``); a second Ctrl-C stops at once, saving nothing. A failure in
+    the middle of a step saves nothing either: a half-done step (weights updated, its metrics not
+    logged) would resume to other metrics than an uninterrupted run, so the resume then takes the
+    last periodic checkpoint. ``path`` is removed when a fit ends normally.
+
+    Lightning's own SIGTERM handler is replaced once training starts: it broadcasts from inside
+    the handler, which on several ranks can meet another collective and hang (seen with two gloo
+    ranks); here rank 0's decision is broadcast at the step's end, where every rank is. Not
+    Lightning's ``OnExceptionCheckpoint`` either: with one, ``fit(ckpt_path=None)`` silently
+    resumes from the newest checkpoint in the folder, even where no resume was asked.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.in_step = False
+        self.signal: str | None = None
+        self.hard = False
+        self.saved = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopAtStepEnd:
+        self._install(signal.SIGINT)  # SIGTERM once Lightning has set its own (on_train_start)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:  # Lightning restores SIGTERM itself
+                signal.signal(signum, previous)
+        self._previous = {}
+
+    def _install(self, signum: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None and signum == signal.SIGINT:
+            self.hard = True
+            raise KeyboardInterrupt
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+            what = "Ctrl-C" if signum == signal.SIGINT else self.signal
+            _say(f"\n[creditlab] {what}: stopping after this RL step and saving a checkpoint"
+                 + (" (Ctrl-C again stops at once, without saving the step)" if signum == signal.SIGINT else ""))
+
+    def on_train_start(self, *args: Any, **kwargs: Any) -> None:
+        self._install(signal.SIGTERM)
 
     def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
         self.in_step = True
 
-    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         self.in_step = False
+        stop = self.signal is not None
+        if trainer.world_size > 1:
+            stop = bool(trainer.strategy.broadcast(stop, src=0))
+        if stop and trainer.global_step < trainer.max_steps:  # the last step: let the run finish
+            raise StopRequested(self.signal or "SIGTERM")
 
     def on_exception(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         # global step 0: nothing trained yet, and the step-0 evaluation would be logged twice
         if not self.in_step and trainer.global_step > 0:
             trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved = True
 
     def teardown(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         trainer.strategy.remove_checkpoint(self.path)
-
-
-class CtrlC:
-    """While a trainer fits: the first Ctrl-C (SIGINT) stops the run the way SIGTERM does, at the
-    end of its RL step with ``interrupted.ckpt`` (it calls Lightning's SIGTERM handler, which on
-    several ranks makes rank 0's stop every rank's); a second one stops at once, saving nothing."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self.hard = False
-        self._previous: Any = None
-
-    def __enter__(self) -> CtrlC:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        trainer_handler = signal.getsignal(signal.SIGTERM)
-        if self.signal is None and callable(trainer_handler):
-            self.signal = "SIGINT"
-            _say("\n[creditlab] Ctrl-C: stopping after this RL step and saving a checkpoint "
-                 "(Ctrl-C again stops at once, without saving the step)")
-            trainer_handler(signal.SIGTERM, frame)
-            return
-        self.signal, self.hard = "SIGINT", True
-        raise KeyboardInterrupt
 
 
 class AdapterCheckpoint(Callback):
