@@ -266,3 +266,24 @@ def test_resume_mismatch_allow_resumes_and_keeps_the_old_config(tmp_path, finish
     assert (run_dir / "config.1.yaml").read_text() == old
     assert OmegaConf.load(run_dir / "config.yaml").seed == 1
     assert stable(read_metrics(run_dir / "metrics.jsonl")) == stable(read_metrics(finished / "metrics.jsonl"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_two_ranks_together_at_the_step_end(tmp_path):
+    """Both ranks stop after the same step (rank 0's decision, broadcast where every rank is),
+    well within the 30 s the elastic agent waits before it kills them."""
+    run_dir = tmp_path / "run"
+    command = [*_cli(run_dir, "checkpoint_every=100"), "trainer=ddp", "trainer.devices=2", "trainer.max_steps=8"]
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        _wait_for_step(run_dir, first)
+        start = time.monotonic()
+        first.send_signal(signal.SIGINT)
+        err = first.communicate(timeout=300)[1]
+    finally:
+        first.kill()
+    assert first.returncode == 130, err[-3000:]
+    assert time.monotonic() - start < 25, "the ranks did not stop by themselves"
+    assert "forcefully" not in err and "Traceback" not in err, err[-3000:]
+    assert "stopped by SIGINT after RL step " in err and "resume with: creditlab train" in err
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["interrupted.ckpt"]
