@@ -155,10 +155,19 @@ def test_a_resume_may_change_the_step_budget_and_bookkeeping_only(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """One uninterrupted 4-step run: the reference of every resumed run below."""
+    """One uninterrupted 4-step run: the reference of every resumed run below. A fresh process,
+    like the runs it is compared with: in the test process, state left by earlier tests of the
+    suite (threads, library settings) changed its floats (seen in the full suite only)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    run(compose([*SMALL, *STEPS, f"run_dir={run_dir}"]), run_dir)
+    _fresh(_cli(run_dir))
     return run_dir
+
+
+def _fresh(command: list[str]) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh process (runs compared for equality all do) and check it ended well."""
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
 
 
 def _copy(finished: Path, to: Path) -> Path:
@@ -236,12 +245,12 @@ def test_ctrl_c_resumes_from_the_interrupted_step_not_the_older_last_ckpt(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_truncated_last_ckpt_falls_back_to_the_newest_intact_one(tmp_path, finished, capfd):
+def test_a_truncated_last_ckpt_falls_back_to_the_newest_intact_one(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     last = run_dir / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
-    run(compose([*SMALL, "trainer.max_steps=5", f"run_dir={run_dir}"]), run_dir)
-    err = capfd.readouterr().err
+    done = _fresh(_cli(run_dir, "trainer.max_steps=5"))
+    err = done.stderr
     assert f"{last} cannot be read (truncated or corrupt); resuming from step4.ckpt (RL step 4)" in err
     rows = read_metrics(run_dir / "metrics.jsonl")
     _no_duplicate_steps(rows)
@@ -252,17 +261,15 @@ def test_a_truncated_last_ckpt_falls_back_to_the_newest_intact_one(tmp_path, fin
     # no intact checkpoint left: the same run starts over and logs its rows anew, once
     for ckpt in (run_dir / "checkpoints").iterdir():
         ckpt.write_bytes(b"")
-    run(compose([*SMALL, *STEPS, f"run_dir={run_dir}"]), run_dir)
-    assert "no intact checkpoint is left: starting over" in capfd.readouterr().err
+    assert "no intact checkpoint is left: starting over" in _fresh(_cli(run_dir)).stderr
     assert stable(read_metrics(run_dir / "metrics.jsonl")) == reference
 
 
 @pytest.mark.slow
-def test_resume_mismatch_allow_resumes_and_keeps_the_old_config(tmp_path, finished, capfd):
+def test_resume_mismatch_allow_resumes_and_keeps_the_old_config(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     old = (run_dir / "config.yaml").read_text()
-    run(compose([*SMALL, *STEPS, f"run_dir={run_dir}", "seed=1", "resume_mismatch=allow"]), run_dir)
-    assert "resume_mismatch=allow: resuming" in capfd.readouterr().err
+    assert "resume_mismatch=allow: resuming" in _fresh(_cli(run_dir, "seed=1", "resume_mismatch=allow")).stderr
     assert (run_dir / "config.1.yaml").read_text() == old
     assert OmegaConf.load(run_dir / "config.yaml").seed == 1
     assert stable(read_metrics(run_dir / "metrics.jsonl")) == stable(read_metrics(finished / "metrics.jsonl"))
