@@ -130,6 +130,7 @@ def run(cfg: DictConfig, out_dir: str | Path, records: dict[str, str] | None = N
 
     With a multi-process strategy on one machine (``trainer=ddp``), the ranks run as workers of
     a ``torch.distributed`` elastic agent (this process); they read ``out_dir/config.yaml``.
+    ``threads`` holds for the run only: the process's torch thread count is restored after it.
 
     Raises:
         RunDirError: ``out_dir`` is not a writable folder, is in use, or holds another run.
@@ -176,9 +177,13 @@ def _run(cfg: DictConfig, checked: dict[str, Any], out_dir: Path, layout: Launch
                                  int(cfg.trainer.max_steps), ckpt if saved else None, saved) from None
             summary = out_dir / "summary.json"
             return json.loads(summary.read_text()) if summary.is_file() else {}
+        before = torch.get_num_threads()  # restored: a run leaves no thread count to the next
         if threads:
             torch.set_num_threads(threads)
-        return fit(cfg, checked, out_dir)
+        try:
+            return fit(cfg, checked, out_dir)
+        finally:
+            torch.set_num_threads(before)
 
 
 class RankFailed(RuntimeError):

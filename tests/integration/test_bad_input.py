@@ -91,6 +91,11 @@ CASES = [
     (["+backend.compact_fraction=1.5"], ["backend.compact_fraction=1.5", "in [0, 1]"]),
     (["backend=vllm", "backend.gpu_memory_utilization=0"], ["backend.gpu_memory_utilization=0", "in (0, 1]"]),
     (["loss.clip_eps_low=2"], ["clip_eps_low", "[0, 1)", "2.0"]),
+    # a verifier's hard time limit per completion (the bombs themselves: tests/unit/test_verifier_bounds.py)
+    (["verifier.timeout_s=0"], ["verifier.timeout_s must be > 0", "got 0"]),
+    (["task=gsm8k", "verifier.timeout_s=-1"], ["verifier.timeout_s must be > 0", "got -1"]),
+    (["task=math", "verifier.timeout_s=inf"], ["verifier.timeout_s must be > 0", "got inf"]),
+    (["verifier.workers=0"], ["verifier.workers must be >= 1", "got 0"]),
 ]
 
 

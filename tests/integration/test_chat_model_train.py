@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from creditlab import policy
 from creditlab.compose import compose
 from creditlab.launch import run
@@ -37,7 +38,11 @@ def test_srpo_run_with_a_chat_templated_local_model(tmp_path, monkeypatch):
         "reset_selector.max_new_tokens=8", "loss.updates_per_batch=2",
         "eval.every=2", "eval.problems=2", "trainer.max_steps=2",
     ])
+    threads = torch.get_num_threads()
     run(cfg, out)
+    # threads=1 held for the run only: a thread count left behind changed the floats of the next
+    # run in this process (thread-count-dependent reductions), which a fresh process did not share
+    assert torch.get_num_threads() == threads
     train = [r for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert json.loads((out / "environment.json").read_text())["model_path"] == str(model_dir)

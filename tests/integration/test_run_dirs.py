@@ -156,8 +156,8 @@ def test_a_resume_may_change_the_step_budget_and_bookkeeping_only(tmp_path):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """One uninterrupted 4-step run: the reference of every resumed run below. A fresh process,
-    like the runs it is compared with: in the test process, state left by earlier tests of the
-    suite (threads, library settings) changed its floats (seen in the full suite only)."""
+    like the runs it is compared with, so that nothing an earlier test left in this process can
+    change its floats (a run's ``threads=1`` once stayed set after it: fixed in ``launch.run``)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     _fresh(_cli(run_dir))
     return run_dir
