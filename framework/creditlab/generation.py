@@ -107,14 +107,43 @@ class _Row:
     finish: str | None = None
 
 
+def _prefix_spans(req: GenerationRequest, delim: tuple[int, ...]) -> Spans:
+    """The thought spans of a request's prefix: from ``prefix_segment_ids`` (a new span at each
+    change of id) when given, else :func:`thought_spans`."""
+    seg = req.prefix_segment_ids
+    if seg is None:
+        return thought_spans(req.prefix_ids, delim)
+    if len(seg) != len(req.prefix_ids):
+        raise ValueError(
+            f"prefix_segment_ids has {len(seg)} entries for {len(req.prefix_ids)} prefix ids; "
+            "give one thought index per prefix token (or None)"
+        )
+    cuts = [0] + [i for i in range(1, len(seg)) if seg[i] != seg[i - 1]] + [len(seg)]
+    return tuple(zip(cuts[:-1], cuts[1:])) if seg else ()
+
+
+def _finished(
+    last: list[int], req: GenerationRequest, tok: object, delim: tuple[int, ...], cfg: ThoughtConfig
+) -> bool:
+    """Whether the prefix's last thought ``last`` was finished: it ends with the delimiter ids or,
+    with ``prefix_segment_ids``, its text holds the delimiter (the round's stop string) or it has
+    ``max_thought_tokens`` tokens (capped). Shorter, it was cut inside a thought."""
+    if tuple(last[-len(delim) :]) == delim:
+        return True
+    if req.prefix_segment_ids is None:
+        return False
+    text = tok.decode(last, skip_special_tokens=False)  # type: ignore[attr-defined]
+    return len(last) >= cfg.max_thought_tokens or cfg.delimiter in text
+
+
 def _start(
-    req: GenerationRequest, delim: tuple[int, ...], eos: int | None, cfg: ThoughtConfig
+    req: GenerationRequest, tok: object, delim: tuple[int, ...], eos: int | None, cfg: ThoughtConfig
 ) -> _Row:
     prefix = list(req.prefix_ids)
-    spans = thought_spans(prefix, delim)
+    spans = _prefix_spans(req, delim)
     seg = [j for j, (a, b) in enumerate(spans) for _ in range(a, b)]
     row = _Row(tuple(req.prompt_ids), len(prefix), prefix, seg, thought=len(spans))
-    if spans and tuple(prefix[spans[-1][1] - len(delim) : spans[-1][1]]) != delim:
+    if spans and not _finished(prefix[spans[-1][0] :], req, tok, delim, cfg):
         row.thought = len(spans) - 1  # the prefix ends mid-thought: continue that thought
         row.partial = prefix[spans[-1][0] :]
     if prefix and eos is not None and prefix[-1] == eos:
@@ -142,17 +171,22 @@ def generate_thoughts(
 
     Args:
         backend: Any generation backend (only ``generate`` and ``tokenizer`` are used).
-        requests: N requests; ``prefix_ids`` (a prefix to continue) are kept exactly.
+        requests: N requests; ``prefix_ids`` (a prefix to continue) are kept exactly. The
+            prefix's thoughts come from ``prefix_segment_ids`` when given (pass the seed's
+            segment ids: a thought capped without delimiter stays one thought), else from its
+            delimiters. Its last thought is continued when it was cut inside a thought (no
+            delimiter and, with segment ids, fewer than ``max_thought_tokens`` tokens).
         sampling: Sampling settings; ``sampling.stop`` must be empty.
         cfg: Thought settings (defaults: :class:`ThoughtConfig`).
 
     Returns:
         N completions in request order: ``response_ids`` = prefix + all new thoughts (R,),
         ``logprobs`` of the new tokens (R - prefix_len,), ``segment_ids`` (R,) the thought index
-        of each token (prefix tokens: the number of delimiters before them, as
-        :func:`thought_spans`; each round after that is one thought, so a capped thought without
-        delimiter is its own segment here although ``thought_spans`` would merge it with the
-        next), ``prefix_len`` = len(request prefix).
+        of each token (prefix tokens: their thought from ``prefix_segment_ids``, renumbered
+        from 0, or else the number of delimiters before them, as :func:`thought_spans`; each
+        round after that is one thought, so a capped thought without delimiter is its own
+        segment here although ``thought_spans`` would merge it with the next),
+        ``prefix_len`` = len(request prefix).
     """
     cfg = cfg if cfg is not None else ThoughtConfig()
     if not cfg.delimiter:
@@ -173,7 +207,7 @@ def generate_thoughts(
         raise ValueError(f"delimiter {cfg.delimiter!r} encodes to no tokens")
     eos = tok.eos_token_id
     base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
-    rows = [_start(r, delim, eos, cfg) for r in requests]
+    rows = [_start(r, tok, delim, eos, cfg) for r in requests]
 
     round_index = 0
     while active := [row for row in rows if row.finish is None]:

@@ -63,10 +63,15 @@ class GenerationRequest:
     Attributes:
         prompt_ids: Token ids of the prompt.
         prefix_ids: Response token ids to continue from (a reset prefix); never re-tokenized.
+        prefix_segment_ids: Optional thought index of each prefix token (shape (len(prefix_ids),),
+            e.g. the seed's ``Completion.segment_ids[:len(prefix)]``), read by thought-by-thought
+            generation instead of recounting delimiters, which would merge a thought capped
+            without delimiter with the next one. Backends ignore it.
     """
 
     prompt_ids: tuple[int, ...]
     prefix_ids: tuple[int, ...] = ()
+    prefix_segment_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,12 @@ class _PromptState:
     fallback: bool = False
 
 
+def _segment_ids(traj: Trajectory, n: int) -> tuple[int, ...] | None:
+    """The thought index of the first ``n`` response tokens, when generation recorded them."""
+    seg = traj.completion.segment_ids
+    return tuple(seg[:n]) if seg else None
+
+
 @dataclass
 class BufferResult:
     """The trajectories to train on plus what was generated and not trained on."""
@@ -208,8 +214,8 @@ class ResetBuffer:
             info.update(_oracle_info(s.problem, texts, k))
             prefixes.append(tuple(prefix))
             reset_info.append(info)
-        suffix_reqs = [
-            GenerationRequest(s.completion.prompt_ids, prefix)
+        suffix_reqs = [  # the seed's thoughts travel with the prefix (a capped one stays one)
+            GenerationRequest(s.completion.prompt_ids, prefix, _segment_ids(s, len(prefix)))
             for s, prefix in zip(seeds, prefixes)
             for _ in range(self.suffixes)
         ]

@@ -72,7 +72,7 @@ class MCValueAdvantage(AdvantageEstimator):
         k = self.config.rollouts
         rows = []  # (row, [boundaries]) per trajectory
         states: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-        owners = []
+        owners, segs = [], []
         for b, traj in enumerate(batch.trajectories):
             c = traj.completion
             spans = batch.segments.spans[b] if batch.segments is not None else ((0, len(c.response_ids)),)
@@ -82,9 +82,11 @@ class MCValueAdvantage(AdvantageEstimator):
                 key = (tuple(c.prompt_ids), tuple(c.response_ids[:start]))
                 if key not in states:
                     states[key] = len(states)
-                    owners.append(traj.problem)
+                    owners.append(traj.problem)  # its thoughts go with the prefix (capped ones too)
+                    segs.append(tuple(c.segment_ids[:start]) if c.segment_ids else None)
         keys = list(states)
-        requests = [GenerationRequest(p, prefix) for p, prefix in keys for _ in range(k)]
+        requests = [GenerationRequest(p, prefix, seg) for (p, prefix), seg in zip(keys, segs)
+                    for _ in range(k)]
         results = ctx.rollouts([o for o in owners for _ in range(k)], requests) if requests else []
         rewards = torch.tensor([t.reward for t in results], dtype=torch.float32)
         value = rewards.view(len(keys), k).mean(1) if keys else rewards

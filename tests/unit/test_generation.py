@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from creditlab.backends.hf import HFBackend
 from creditlab.generation import ThoughtConfig, generate_thoughts, round_seed, thought_spans
-from creditlab.interfaces import GenerationBackend
-from creditlab.types import Completion, GenerationRequest, SamplingParams
+from creditlab.interfaces import GenerationBackend, ResetSelector
+from creditlab.types import Completion, GenerationRequest, Problem, ResetPoint, SamplingParams
 
 from tests.helpers import THOUGHT, char_tokenizer, tiny_model_and_tokenizer, with_token_bias
 
@@ -133,6 +133,74 @@ def test_prefix_ending_mid_thought_continues_that_thought():
     assert c.finish_reason == "stop" and len(be.calls) == 1
     spans = thought_spans(c.response_ids, (D,))
     assert [c.segment_ids[a:b] == (j,) * (b - a) for j, (a, b) in enumerate(spans)] == [True] * 2
+
+
+class ByPrefix(GenerationBackend):
+    """Serves one thought per request, chosen from the request alone: the first thought of a
+    response is ``"zzzz"`` (capped at 4 tokens, no delimiter), every later one ``"w</thought>"``."""
+
+    def __init__(self) -> None:
+        super().__init__(model=None, tokenizer=TOK)
+        self.calls = 0
+
+    def generate(self, requests, sampling):
+        self.calls += 1
+        out = []
+        for r in requests:
+            new, finish = (enc("zzzz"), "length") if not r.prefix_ids else (enc("w" + THOUGHT), "stop")
+            out.append(Completion(r.prompt_ids, r.prefix_ids + new, (-0.5,) * len(new), finish, "",
+                                  len(r.prefix_ids)))
+        return out
+
+
+def test_prefix_with_a_capped_thought_keeps_the_seeds_thoughts():
+    """A reset prefix holding a thought capped without delimiter: the seed's segment ids carried
+    in the request keep it one thought, so the continuation has max_thoughts thoughts, not one
+    more (issue 14, item 4)."""
+    cfg = ThoughtConfig(max_thoughts=3, max_thought_tokens=4)
+    be = ByPrefix()
+    [seed] = generate_thoughts(be, [GenerationRequest(enc("p"))], SamplingParams(seed=0), cfg)
+    assert _segments(seed) == ["zzzz", "w" + THOUGHT, "w" + THOUGHT]
+    for cut in (1, 2):  # the prefix is the seed's first `cut` thoughts
+        end = seed.segment_ids.index(cut)
+        req = GenerationRequest(seed.prompt_ids, seed.response_ids[:end], seed.segment_ids[:end])
+        be.calls = 0
+        [c] = generate_thoughts(be, [req], SamplingParams(seed=1), cfg)
+        assert c.response_ids == seed.response_ids and c.segment_ids == seed.segment_ids
+        assert c.prefix_len == end and len(c.logprobs) == len(c.response_ids) - end
+        assert c.finish_reason == "length" and be.calls == 3 - cut
+    # a prefix cut inside a thought (fewer tokens than the cap, no delimiter) continues it
+    req = GenerationRequest(seed.prompt_ids, seed.response_ids[:5], seed.segment_ids[:5])
+    [c] = generate_thoughts(be, [req], SamplingParams(seed=1), cfg)
+    assert c.segment_ids == (0,) * 4 + (1,) * 3 + (2,) * 2 and c.finish_reason == "length"
+    with pytest.raises(ValueError, match="prefix_segment_ids"):
+        generate_thoughts(be, [GenerationRequest(enc("p"), enc("ab"), (0,))], SamplingParams(), cfg)
+
+
+def test_reset_suffix_after_a_capped_seed_thought_has_the_seeds_thought_count():
+    """Through the reset buffer: the suffix of a seed whose first thought was capped keeps that
+    thought apart and stops at max_thoughts thoughts."""
+    from creditlab.testing import FakePolicyHandle
+    from creditlab.types import Trajectory
+    from creditlab_resets.buffer import ResetBuffer
+
+    class Fixed(ResetSelector):
+        def select(self, trajectory, spans, ctx):  # noqa: ANN001, ANN201
+            return ResetPoint(1)  # regenerate from thought 1: the prefix is the capped thought
+
+    cfg = ThoughtConfig(max_thoughts=3, max_thought_tokens=4)
+    be = ByPrefix()
+
+    def sample_fn(problems, requests, seed):
+        outs = generate_thoughts(be, requests, SamplingParams(seed=seed), cfg)
+        return [Trajectory(p, c, 0.0, -1, c.prefix_len) for p, c in zip(problems, outs)]
+
+    problem = Problem("p", "p", "1")
+    buf = ResetBuffer(2, "1x1", 2, 1.0, True, (D,))
+    result = buf.build([problem], [enc("p")], sample_fn, Fixed(), FakePolicyHandle(tokenizer=TOK), 0)
+    [suffix] = [t for t in result.trajectories if t.trainable_from > 0]
+    c = suffix.completion
+    assert c.prefix_len == 4 and _segments(c) == ["zzzz", "w" + THOUGHT, "w" + THOUGHT]
 
 
 def test_invalid_thought_settings_raise():
