@@ -154,6 +154,7 @@ RANGES: dict[str, Range] = {
     "optim.momentum": Range(0),
     "eval.every": _int(0, "0 = never"),
     "eval.problems": _int(0, "0 = every test problem"),
+    "eval.holdout": _int(0, "0 = the task's test split"),
     "eval.samples": _int(0, "0 = greedy pass@1 only"),
     "eval.k": _int(1),
     "eval.temperature": Range(0, note="0 = greedy decoding"),
@@ -334,15 +335,16 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def build_parts(checked: dict[str, Any], model: Any, tokenizer: Any) -> dict[str, Any]:
+def build_parts(checked: dict[str, Any], model: Any, tokenizer: Any, task: Any = None) -> dict[str, Any]:
     """Instantiate the parts from validated sections (the rollout strategy last: it gets the
-    run's rollout settings, the tokenizer and the reset selector)."""
+    run's rollout settings, the tokenizer and the reset selector); ``task``: one built already
+    (the runner loads the data before the model)."""
     def make(kind: str, **kw: Any) -> Any:
         cls, config = checked["rollout_strategy" if kind == "rollout" else kind]
         return cls(config, **kw)
 
     parts = {
-        "task": make("task"),
+        "task": task if task is not None else make("task"),
         "backend": make("backend", model=model, tokenizer=tokenizer),
         "verifier": make("verifier"),
         "segmenter": make("segmenter", tokenizer=tokenizer),

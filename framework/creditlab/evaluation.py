@@ -12,7 +12,7 @@ from math import comb
 
 from creditlab.interfaces import GenerationBackend, PolicyHandle, Verifier
 from creditlab.rollout import sample
-from creditlab.types import GenerationRequest, Mean, Problem, RolloutConfig
+from creditlab.types import GenerationRequest, Mean, Problem, RolloutConfig, Sum
 
 
 @dataclass
@@ -21,7 +21,14 @@ class EvalConfig:
 
     Attributes:
         every: Evaluate every this many RL steps (and at steps 0 and the last); 0 = never.
-        problems: How many test problems (0 = all).
+        problems: How many test problems (0 = all). When the test split holds fewer, all of them
+            are scored and start-up says so in one line; ``eval/problems`` logs the count scored.
+        holdout: Evaluate on this many rows of the *train* split, which are then not trained on
+            (a fixed choice, the same for every seed), instead of the task's test split; for a
+            task whose test split is its train split (one data file). 0 = the task's test split.
+        allow_train_rows: Score test rows that are also training rows (the same prompt). Off
+            (default): such rows are left out of evaluation, and a run whose every test row is a
+            training row stops at start-up naming the fixes (:mod:`creditlab.datamodule`).
         samples: Samples per problem for pass@k (0 = greedy only).
         k: The k of pass@k (must be <= samples).
         temperature: Sampling temperature for pass@k.
@@ -30,6 +37,8 @@ class EvalConfig:
 
     every: int = 10
     problems: int = 100
+    holdout: int = 0
+    allow_train_rows: bool = False
     samples: int = 0
     k: int = 4
     temperature: float = 1.0
@@ -79,7 +88,8 @@ def evaluate(
     rollout: RolloutConfig,
     seed: int,
 ) -> dict[str, float]:
-    """``eval/pass@1`` (greedy) and, with ``cfg.samples``, ``eval/pass@k`` and mean accuracy.
+    """``eval/pass@1`` (greedy), ``eval/problems`` (the problems scored, summed over ranks) and,
+    with ``cfg.samples``, ``eval/pass@k`` and mean accuracy.
 
     A reward > 0.5 counts as solved. Verifier outcome metrics are drained and not mixed into the
     training counts.
@@ -89,7 +99,10 @@ def evaluate(
         return {}
     verifier.reset_metrics()  # training counts were logged already; start clean
     greedy = _solve(backend, verifier, ctx, problems, 1, rollout, 0.0, seed, cfg.batch_size)
-    out = {"eval/pass@1": Mean(sum(r[0] > 0.5 for r in greedy) / len(problems))}
+    out = {
+        "eval/pass@1": Mean(sum(r[0] > 0.5 for r in greedy) / len(problems)),
+        "eval/problems": Sum(len(problems)),
+    }
     if cfg.samples:
         sampled = _solve(
             backend, verifier, ctx, problems, cfg.samples, rollout, cfg.temperature, seed, cfg.batch_size

@@ -128,16 +128,19 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     ckpt, global_step = resume_checkpoint(run_cfg.resume, out_dir, updates)  # before the model loads
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
 
+    steps = int(cfg.trainer.max_steps)
+    task_cls, task_config = checked["task"]
+    data = TaskDataModule(task_cls(task_config), run_cfg.prompts_per_step, steps, run_cfg.seed, eval_cfg)
+    data.setup()  # both splits loaded and the held-out rows settled before the model loads
+
     model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
-    parts = build_parts(checked, model, tokenizer)
+    parts = build_parts(checked, model, tokenizer, task=data.task)
     described = {"accelerator": checked["model"].accelerator, "backend": parts["backend"].describe()}
     _record(out_dir / "environment.json", model_path=str(model_path), **described)
     reference = None
     if loss.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     sampler = RolloutSampler(rollout, parts["backend"], parts["verifier"])
-    steps = int(cfg.trainer.max_steps)
-    data = TaskDataModule(parts["task"], run_cfg.prompts_per_step, steps, run_cfg.seed)
     data.check_rows(tokenizer, model, rollout)  # load and check every row now: bad data fails before training
     module = CreditAssignmentModule(
         model, tokenizer,
