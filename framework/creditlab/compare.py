@@ -3,8 +3,8 @@
 Reading and classifying runs is :mod:`creditlab.rundirs`; the statistics are :mod:`creditlab.stats`;
 rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.report`. ``docs/comparing.md``
 explains every number. The entry point is :func:`compare`; it returns a :class:`Comparison` that
-holds every run (used or not, with its reason), the per-group statistics, the bootstrap tests and
-the aggregated learning curves.
+holds every run (used or not, with its reason), the per-group statistics, the tests against the
+baseline (:mod:`creditlab.significance`) and the aggregated learning curves.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from creditlab import stats
+from creditlab import significance, stats
 from creditlab.errors import closest
 from creditlab.rundirs import (
     AXES,
@@ -35,8 +35,8 @@ from creditlab.rundirs import (
 CREDIT_PREFIX = "train/credit/"
 STEP_TIME = "time/step_s"
 TESTED = {"final": "final accuracy", "auc": "AUC"}
-#: Below this many seeds per group the bootstrap is flagged as descriptive in the test's note.
-FEW_SEEDS = 5
+#: A test whose smallest possible p is above this says in its note that it cannot reach it.
+ALPHA = 0.05
 
 
 @dataclass
@@ -69,6 +69,8 @@ class GroupStats:
         final: Final accuracy, mean and 95% t-interval.
         final_steps: The RL step of each used run's last evaluation.
         auc: Normalised area under the evaluation curve, mean and 95% t-interval.
+        iqm: ``final`` and ``auc``: interquartile mean over seeds with its stratified bootstrap
+            interval (no interval below ``significance.BOOTSTRAP_MIN_N`` seeds).
         to_threshold: Per token axis, (median tokens to threshold or None, seeds reaching it).
         step_time: Median seconds per RL step, pooled over the used runs' steps.
         credit: ``train/credit/*`` key -> mean over seeds of each run's average.
@@ -80,6 +82,7 @@ class GroupStats:
     final: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
     final_steps: list[int] = field(default_factory=list)
     auc: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
+    iqm: dict[str, significance.IQM] = field(default_factory=dict)
     to_threshold: dict[str, tuple[float | None, int]] = field(default_factory=dict)
     step_time: float | None = None
     credit: dict[str, stats.MeanCI] = field(default_factory=dict)
@@ -91,11 +94,11 @@ class GroupStats:
 
 @dataclass
 class Test:
-    """A bootstrap test of one group against the baseline on one per-seed quantity."""
+    """A test of one group against the baseline on one per-seed quantity (``None``: too few runs)."""
 
     label: str
     quantity: str
-    result: stats.BootstrapResult | None
+    result: significance.DiffTest | None
     note: str
 
 
@@ -167,8 +170,9 @@ def _credit(runs: list[Run]) -> dict[str, stats.MeanCI]:
     return out
 
 
-def group_stats(label: str, runs: list[Run], metric: str) -> GroupStats:
-    """Final accuracy, AUC, step time and credit metrics of one group (threshold comes later)."""
+def group_stats(label: str, runs: list[Run], metric: str, resamples: int = 10000, seed: int = 0) -> GroupStats:
+    """Final accuracy, AUC (mean and IQM), step time and credit metrics of one group (threshold
+    comes later). The seeds are the runs of one task: the IQM's bootstrap resamples them."""
     g = GroupStats(label, runs)
     finals, aucs = [], []
     for run in g.used:
@@ -179,6 +183,8 @@ def group_stats(label: str, runs: list[Run], metric: str) -> GroupStats:
     g.values = {"final": finals, "auc": aucs}
     g.final = stats.mean_ci([v for _, v in finals])
     g.auc = stats.mean_ci([v for _, v in aucs])
+    g.iqm = {q: significance.iqm_interval([v for _, v in g.values[q]], resamples, seed)
+             for q in TESTED if g.values[q]}
     times = [row[STEP_TIME] for r in g.used for row in r.rows if isinstance(row.get(STEP_TIME), (int, float))]
     g.step_time = statistics.median(times) if times else None
     g.credit = _credit(g.used)
@@ -209,21 +215,22 @@ def _pairing(g: GroupStats, base: GroupStats, quantity: str) -> tuple[bool | Non
     if len(gv) >= 2 and len(bv) >= 2:
         why = "duplicate or unknown seeds" if not unique else (
             f"seeds do not match (baseline {', '.join(map(str, b_seeds))}; this group {', '.join(map(str, g_seeds))})")
-        return False, [v for _, v in gv], [v for _, v in bv], f"UNPAIRED bootstrap: {why}"
+        return False, [v for _, v in gv], [v for _, v in bv], f"UNPAIRED: {why}"
     return None, [], [], f"no test: needs at least 2 runs in each group (has {len(gv)}, baseline {len(bv)})"
 
 
-def bootstrap_tests(groups: list[GroupStats], base: GroupStats, resamples: int, seed: int) -> list[Test]:
-    """Each non-baseline group against ``base`` on final accuracy and AUC."""
+def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: int, seed: int) -> list[Test]:
+    """Each non-baseline group against ``base`` on final accuracy and AUC: a sign-flip test on the
+    seeds both have (permutation test when they share fewer than two), with a t-interval."""
     tests = []
     for g in groups:
         if g is base:
             continue
         for quantity in TESTED:
             paired, gv, bv, note = _pairing(g, base, quantity)
-            result = None if paired is None else stats.bootstrap_diff(gv, bv, paired, resamples, seed)
-            if result is not None and min(len(gv), len(bv)) < FEW_SEEDS:
-                note += f"; only {min(len(gv), len(bv))} seeds: interval too narrow, p too small (descriptive)"
+            result = None if paired is None else significance.diff_test(gv, bv, paired, resamples, seed)
+            if result is not None and result.p_min > ALPHA:
+                note += f"; with {result.n} no result can reach p < {ALPHA} (smallest possible p {result.p_min:.3g})"
             tests.append(Test(g.label, quantity, result, note))
     return tests
 
@@ -278,8 +285,9 @@ def compare(
         baseline: Group label to test against (default: ``grpo`` if present, else the first group).
         threshold: Accuracy for tokens-to-threshold (default: the baseline's final mean).
         metric: The evaluation metric (``eval/pass@1``).
-        resamples: Bootstrap resamples.
-        seed: Bootstrap generator seed.
+        resamples: Bootstrap resamples (IQM intervals; difference intervals from 20 seeds) and
+            random arrangements of a Monte Carlo test (when exact enumeration is too large).
+        seed: Generator seed of those draws.
         include_unfinished: Count running/killed/crashed/partial runs with evaluations.
 
     Raises:
@@ -295,7 +303,7 @@ def compare(
     labels = sorted({r.group for r in runs})
     base_label = _pick_baseline(labels, runs, by, baseline)
     labels = [base_label] + [lb for lb in labels if lb != base_label]
-    groups = [group_stats(lb, [r for r in runs if r.group == lb], metric) for lb in labels]
+    groups = [group_stats(lb, [r for r in runs if r.group == lb], metric, resamples, seed) for lb in labels]
     base = groups[0]
     source = "--threshold"
     if threshold is None:
@@ -319,6 +327,6 @@ def compare(
                           if (b := aggregate_curve(g.used, m, axis, REWARD_SMOOTHING if m == REWARD else 1)) is not None}
               for m in (metric, REWARD) for axis in AXES}
     settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
-                "threshold": threshold, "threshold_source": source, "bootstrap": resamples, "seed": seed,
+                "threshold": threshold, "threshold_source": source, "resamples": resamples, "seed": seed,
                 "include_unfinished": include_unfinished}
-    return Comparison(settings, runs, groups, bootstrap_tests(groups, base, resamples, seed), curves, warnings)
+    return Comparison(settings, runs, groups, significance_tests(groups, base, resamples, seed), curves, warnings)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from creditlab.compare import TESTED, Comparison, GroupStats, Test
 from creditlab.rundirs import AXES, REWARD
+from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
 from creditlab.stats import MeanCI
 
 PLOT_FILES = {"step": "curves_step.png", "tokens/trained": "curves_tokens_trained.png",
@@ -50,12 +51,29 @@ def fmt_tokens(entry: tuple[float | None, int] | None, n: int) -> str:
     return f"{median:,.0f} ({reached}/{n} reached)"
 
 
-def fmt_test(t: Test) -> tuple[str, str, str]:
-    """(difference, 95% CI, p) of one test, dashes when there was none."""
+def fmt_iqm(iqm: IQM | None, digits: int = 3) -> str:
+    """``0.812 [0.790, 0.830] (n=24)``, or the IQM alone below the bootstrap's minimum."""
+    if iqm is None:
+        return "—"
+    n = f"n={iqm.runs}" + (f"x{iqm.tasks} tasks" if iqm.tasks > 1 else "")
+    if iqm.low is None:
+        return f"{iqm.value:.{digits}f} ({n}, no interval below n={BOOTSTRAP_MIN_N})"
+    return f"{iqm.value:.{digits}f} [{iqm.low:.{digits}f}, {iqm.high:.{digits}f}] ({n})"
+
+
+def fmt_p(p: float) -> str:
+    """Three significant digits (``0.25``, ``0.0625``, ``1.53e-05``): never rounded to 0."""
+    return f"{p:.3g}"
+
+
+def fmt_test(t: Test) -> tuple[str, str, str, str, str]:
+    """(difference, 95% t-interval, p, test with n, bootstrap interval) of one test; dashes when
+    there was none."""
     if t.result is None:
-        return "—", "—", "—"
+        return "—", "—", "—", "—", "—"
     r = t.result
-    return f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]", f"{r.p_value:.4f}"
+    boot = "—" if r.boot_low is None else f"[{r.boot_low:+.3f}, {r.boot_high:+.3f}]"
+    return f"{r.diff:+.3f}", f"[{r.t_low:+.3f}, {r.t_high:+.3f}]", fmt_p(r.p_value), r.description, boot
 
 
 def _span(values: list[int]) -> str:
@@ -127,7 +145,8 @@ def _plot_final(c: Comparison, path: Path, colors: dict[str, str]) -> Path:
 
 def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """The per-group results table."""
-    header = ["group", "n", "seeds", f"final {c.settings['metric']} (mean ± 95% CI)", "final step",
+    header = ["group", "n", "seeds", f"final {c.settings['metric']} (mean ± 95% CI)",
+              "final IQM [95% stratified bootstrap CI]", "final step",
               "AUC (mean ± 95% CI)", "trained tokens to threshold", "generated tokens to threshold",
               "median s/step"]
     rows = []
@@ -137,7 +156,7 @@ def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
         rows.append([
             g.label + (" (baseline)" if g.label == c.baseline else ""), str(n),
             ", ".join(str(s) for s, _ in g.values.get("final", [])) or "—",
-            fmt_ci(g.final), _span(steps), fmt_ci(g.auc),
+            fmt_ci(g.final), fmt_iqm(g.iqm.get("final")), _span(steps), fmt_ci(g.auc),
             fmt_tokens(g.to_threshold.get("tokens/trained"), n),
             fmt_tokens(g.to_threshold.get("tokens/generated"), n),
             "—" if g.step_time is None else f"{g.step_time:.3f}",
@@ -146,7 +165,8 @@ def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 
 def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
-    header = ["group", "quantity", f"difference vs {c.baseline}", "95% bootstrap CI", "p (two-sided)", "pairing"]
+    header = ["group", "quantity", f"difference vs {c.baseline}", "95% t-interval", "p (two-sided)", "test, n",
+              f"95% bootstrap CI (n ≥ {BOOTSTRAP_MIN_N})", "pairing"]
     return header, [[t.label, TESTED[t.quantity], *fmt_test(t), t.note] for t in c.tests]
 
 
@@ -174,21 +194,27 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
         ("h1", "creditlab compare"),
         ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {', '.join(s['paths'])}: {len(c.runs)} run(s), "
               f"{len(c.groups)} group(s) by {', '.join(s['by'])}; baseline '{c.baseline}'; "
-              f"metric {s['metric']}; threshold {_threshold(c)}; bootstrap {s['bootstrap']} resamples, seed {s['seed']}."),
+              f"metric {s['metric']}; threshold {_threshold(c)}; {s['resamples']} resamples (bootstrap intervals, "
+              f"Monte Carlo tests), seed {s['seed']}."),
     ]
     if c.warnings:
         out += [("h2", "Warnings"), ("ul", c.warnings)]
     out += [("h2", "Results per group"), ("table", *group_rows(c)),
-            ("p", "n: seeds counted. Final: each seed's last evaluation. AUC: area under the evaluation "
+            ("p", "n: seeds counted. Final: each seed's last evaluation. IQM: mean of the middle 50% of the "
+                  "seeds' final values (rliable; 3 seeds: their mean), its interval a bootstrap over seeds, "
+                  f"shown from n={BOOTSTRAP_MIN_N}. AUC: area under the evaluation "
                   "curve divided by its step range (the average accuracy during training). Tokens to "
                   "threshold: median over seeds of the tokens at the first evaluation at or above the "
                   "threshold (seeds that never reach it count as infinite). See docs/comparing.md.")]
     if c.tests:
-        out += [("h2", f"Against the baseline '{c.baseline}' (bootstrap of the mean difference)"),
+        out += [("h2", f"Against the baseline '{c.baseline}' (difference of means)"),
                 ("table", *test_rows(c)),
-                ("p", "Paired: per-seed differences resampled with replacement. Unpaired: each group "
-                      "resampled on its own. With few seeds (< ~10) the bootstrap interval is too narrow "
-                      "and the p-value too small: read them as descriptive.")]
+                ("p", "p: two-sided randomization test, exact over every arrangement where they number at "
+                      f"most {EXACT_LIMIT:,} (else Monte Carlo). Paired seeds: sign-flip test of the per-seed differences (n pairs: "
+                      "smallest possible p 2/2^n, 0.25 for 3 seeds). Unpaired: permutation test over every "
+                      "split of the pooled values. Interval: paired or Welch t-interval; a bootstrap interval "
+                      f"is added from n={BOOTSTRAP_MIN_N}, where it is no longer too narrow. No correction for "
+                      "multiple comparisons. See docs/comparing.md.")]
     header, rows = credit_rows(c.groups)
     out += [("h2", "Credit quality (train/credit/*, averaged over each run, then over seeds)")]
     out += [("table", header, rows)] if rows else [("p", "No train/credit/* metrics in these runs.")]
@@ -250,22 +276,31 @@ def to_html(items: list[Block], out: Path) -> str:
 def to_json(c: Comparison) -> dict[str, Any]:
     """Machine-readable numbers (``compare.json``)."""
     ci = lambda m: {"mean": m.mean, "ci95_half_width": m.half_width, "n": m.n}  # noqa: E731
+    iq = lambda m: {"iqm": m.value, "ci95": None if m.low is None else [m.low, m.high], "runs": m.runs,  # noqa: E731
+                    "tasks": m.tasks}
     return {
         "settings": c.settings,
         "groups": [{"label": g.label, "seeds": [s for s, _ in g.values.get("final", [])], "final": ci(g.final),
-                    "final_steps": g.final_steps, "auc": ci(g.auc),
+                    "final_steps": g.final_steps, "auc": ci(g.auc), "iqm": {k: iq(v) for k, v in g.iqm.items()},
                     "tokens_to_threshold": {k: {"median": v[0], "reached": v[1]} for k, v in g.to_threshold.items()},
                     "median_step_s": g.step_time, "credit": {k: ci(v) for k, v in g.credit.items()}}
                    for g in c.groups],
         "tests": [{"group": t.label, "quantity": t.quantity, "note": t.note,
-                   **({} if t.result is None else {"diff": t.result.diff, "ci95": [t.result.low, t.result.high],
-                                                   "p_value": t.result.p_value, "paired": t.result.paired})}
+                   **({} if t.result is None else _test_json(t))}
                   for t in c.tests],
         "runs": [{"name": r.name, "path": str(r.path), "group": r.group, "seed": r.seed, "status": r.status,
                   "detail": r.detail, "steps": r.steps, "max_steps": r.max_steps, "used": r.used, "reason": r.reason}
                  for r in c.runs],
         "warnings": c.warnings,
     }
+
+
+def _test_json(t: Test) -> dict[str, Any]:
+    r = t.result
+    return {"diff": r.diff, "t_ci95": [r.t_low, r.t_high], "p_value": r.p_value, "p_min": r.p_min,
+            "sides": "two-sided", "test": r.test, "n": r.n, "paired": r.paired, "exact": r.exact,
+            "arrangements": r.arrangements,
+            "bootstrap_ci95": None if r.boot_low is None else [r.boot_low, r.boot_high]}
 
 
 def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:

@@ -8,10 +8,11 @@ import socket
 
 import pytest
 import yaml
-from creditlab import stats
+from creditlab import significance, stats
 from creditlab.cli import main
 from creditlab.compare import CompareError, aggregate_curve, compare
 from creditlab.rundirs import find_runs, load_run
+from scipy import stats as scipy_stats
 
 EVALS = {0: 0.5, 2: 0.6, 4: 0.8}
 
@@ -58,19 +59,21 @@ def shifted(shift):
 
 def test_t_interval_of_a_known_sample():
     ci = stats.mean_ci([1, 2, 3, 4, 5])
-    # s = sqrt(2.5), se = s / sqrt(5) = sqrt(0.5); t_{0.975, 4} = 2.7764
+    # s = sqrt(2.5), se = s / sqrt(5) = sqrt(0.5); t_{0.975, 4} = 2.7764 (table value)
     assert ci.mean == 3 and ci.n == 5
-    assert ci.half_width == pytest.approx(2.7764 * math.sqrt(0.5), abs=1e-9)
+    assert ci.half_width == pytest.approx(2.7764 * math.sqrt(0.5), abs=1e-4)
     assert stats.mean_ci([0.7]).n == 1 and math.isnan(stats.mean_ci([0.7]).half_width)
     assert stats.mean_ci([]).n == 0
 
 
-def test_t_quantiles_between_table_entries():
-    assert stats.t_quantile_975(2) == 4.3027
-    assert 2.0211 < stats.t_quantile_975(35) < 2.0423
-    assert stats.t_quantile_975(10**6) == pytest.approx(1.96, abs=1e-3)
-    with pytest.raises(ValueError):
-        stats.t_quantile_975(0)
+def test_t_quantiles_match_the_table_and_the_normal_limit():
+    assert stats.t_quantile(2) == pytest.approx(4.3027, abs=1e-4)
+    assert stats.t_quantile(30) == pytest.approx(2.0423, abs=1e-4)
+    assert 2.0211 < stats.t_quantile(35) < 2.0423
+    assert stats.t_quantile(10**6) == pytest.approx(1.96, abs=1e-3)
+    assert stats.t_quantile(4, level=0.90) == pytest.approx(2.1318, abs=1e-4)
+    with pytest.raises(ValueError, match="degrees of freedom must be > 0, got 0"):
+        stats.t_quantile(0)
 
 
 def test_auc_of_known_curves():
@@ -88,26 +91,83 @@ def test_first_crossing_and_median_with_misses():
     assert stats.median_with_misses([100, 300]) == 200
 
 
-def test_bootstrap_identical_groups():
-    r = stats.bootstrap_diff([0.5, 0.6, 0.7], [0.5, 0.6, 0.7], paired=True, resamples=2000)
-    assert (r.diff, r.low, r.high, r.p_value) == (0.0, 0.0, 0.0, 1.0)
-    assert stats.bootstrap_diff([0.5, 0.6, 0.7], [0.5, 0.6, 0.7], paired=False).p_value == 1.0
+def test_issue_example_exact_sign_flip_p_is_a_quarter():
+    # .71, .72, .73 against .70 x 3: differences .01, .02, .03. Of the 2^3 = 8 sign patterns only
+    # (+,+,+) reaches a mean >= .02 and only (-,-,-) one <= -.02: two-sided p = 2/8. (The old
+    # paired bootstrap said p = 1e-4.)
+    r = significance.paired_test([0.71, 0.72, 0.73], [0.70] * 3)
+    assert r.p_value == 0.25 and r.p_min == 0.25
+    assert (r.test, r.n, r.paired, r.exact, r.arrangements) == ("exact sign-flip", "3 pairs", True, True, 8)
+    assert r.description == "exact sign-flip, 3 pairs (8 arrangements; smallest possible p 0.25)"
+    # paired t-interval: .02 ± t_{0.975,2} * sd(.01,.02,.03) / sqrt(3) = .02 ± 4.302653 * .01 / sqrt(3)
+    assert r.diff == pytest.approx(0.02)
+    assert (r.t_low, r.t_high) == pytest.approx((0.02 - 0.0248414, 0.02 + 0.0248414), abs=1e-6)
+    scipy_ci = scipy_stats.ttest_rel([0.71, 0.72, 0.73], [0.70] * 3).confidence_interval(0.95)
+    assert (r.t_low, r.t_high) == pytest.approx((scipy_ci.low, scipy_ci.high), abs=1e-12)
+    assert r.boot_low is None, "no bootstrap interval with 3 pairs"
 
 
-def test_bootstrap_constant_shift():
-    r = stats.bootstrap_diff([0.6, 0.7, 0.9], [0.5, 0.6, 0.8], paired=True, resamples=999)
-    assert r.diff == pytest.approx(0.1) and r.low == pytest.approx(0.1) and r.high == pytest.approx(0.1)
-    assert r.p_value == pytest.approx(1 / 1000)
+def test_sign_flip_with_five_pairs():
+    # differences .01 .02 .03 -.01 .05 (sum .10, |d| sum .12): a pattern's sum is .12 - 2 * (sum of
+    # the flipped |d|), >= .10 when the flipped ones sum to <= .01: none, or either .01 -> 3 of 32.
+    r = significance.paired_test([0.71, 0.72, 0.73, 0.69, 0.75], [0.70] * 5)
+    assert r.p_value == pytest.approx(2 * 3 / 32) and r.p_min == pytest.approx(2 / 32)
+    assert significance.paired_test([0.71, 0.72, 0.73, 0.74, 0.75], [0.70] * 5).p_value == pytest.approx(2 / 32)
+    # and one-sided-looking data never go below the floor, however consistent
+    assert significance.paired_test([1.0] * 5, [0.0] * 5).p_value == pytest.approx(0.0625)
 
 
-def test_bootstrap_two_pairs_known_distribution():
-    # differences [0, 1]: resampled means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4, so
-    # P(|m - 0.5| >= 0.5) = 1/2 and the interval spans [0, 1].
-    r = stats.bootstrap_diff([0.0, 1.0], [0.0, 0.0], paired=True, resamples=20000, seed=3)
-    assert r.diff == 0.5 and (r.low, r.high) == (0.0, 1.0)
-    assert r.p_value == pytest.approx(0.5, abs=0.02)
-    again = stats.bootstrap_diff([0.0, 1.0], [0.0, 0.0], paired=True, resamples=20000, seed=3)
-    assert again == r, "seeded: deterministic"
+def test_sign_flip_ties_and_zero_differences():
+    # a zero difference flips to itself: 2 informative pairs, p = 2 * 1/4
+    r = significance.paired_test([0.71, 0.70, 0.73], [0.70] * 3)
+    assert r.p_value == pytest.approx(0.5) and r.p_min == pytest.approx(0.5)
+    # equal magnitudes (.01 and -.01, computed along different float paths) tie exactly:
+    # sums >= .02 of 4 - 2F (in .01) need F <= 1: none, either .01 -> 3/8, two-sided 6/8
+    assert significance.paired_test([0.71, 0.69, 0.72], [0.70] * 3).p_value == pytest.approx(0.75)
+    same = significance.paired_test([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
+    assert (same.diff, same.t_low, same.t_high, same.p_value, same.p_min) == (0.0, 0.0, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="one length >= 2, got 3 and 2"):
+        significance.paired_test([0.5, 0.6, 0.7], [0.5, 0.6])
+
+
+def test_exact_permutation_for_unpaired_samples():
+    # 3 vs 3: C(6, 3) = 20 splits; the observed one is the most extreme: two-sided p = 2/20
+    r = significance.unpaired_test([0.71, 0.72, 0.73], [0.70, 0.69, 0.68])
+    assert (r.test, r.n, r.exact, r.arrangements) == ("exact permutation", "3 vs 3", True, 20)
+    assert r.p_value == pytest.approx(0.1) and r.p_min == pytest.approx(0.1)
+    welch = scipy_stats.ttest_ind([0.71, 0.72, 0.73], [0.70, 0.69, 0.68], equal_var=False).confidence_interval()
+    assert (r.t_low, r.t_high) == pytest.approx((welch.low, welch.high), abs=1e-12)
+    # ties: [1, 1] vs [0, 0] -> of C(4, 2) = 6 splits one has the group mean 1: 2 * 1/6
+    tied = significance.unpaired_test([1.0, 1.0], [0.0, 0.0])
+    assert tied.p_value == pytest.approx(1 / 3) and tied.p_min == pytest.approx(1 / 3)
+    assert (tied.t_low, tied.t_high) == (1.0, 1.0), "both samples constant: zero-width interval"
+    assert significance.unpaired_test([0.2, 0.4, 0.6], [0.2, 0.4, 0.6]).p_value == 1.0
+
+
+def test_large_n_is_monte_carlo_with_a_bootstrap_interval():
+    # 20 pairs: 2^20 patterns > EXACT_LIMIT, so B random ones; no random pattern of 20 positive
+    # differences reaches the observed mean, so p is its floor 2/(B+1).
+    r = significance.paired_test([1.0 + 0.01 * i for i in range(20)], [0.0] * 20, resamples=999, seed=1)
+    assert (r.test, r.exact, r.arrangements) == ("Monte Carlo sign-flip", False, 999)
+    assert r.p_value == pytest.approx(2 / 1000) and r.p_min == pytest.approx(2 / 1000)
+    assert r.boot_low is not None and r.boot_low < r.diff < r.boot_high
+    assert r == significance.paired_test([1.0 + 0.01 * i for i in range(20)], [0.0] * 20, resamples=999, seed=1)
+    assert significance.paired_test([1.0] * 19, [0.0] * 19, resamples=999).boot_low is None
+
+
+def test_iqm_by_hand_and_its_stratified_bootstrap():
+    assert significance.iqm([0.1, 0.2, 0.3, 0.4, 0.9]) == pytest.approx(0.3)  # cuts one each end
+    assert significance.iqm([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
+    assert significance.iqm([0.71, 0.72, 0.76]) == pytest.approx(0.73)  # 3 runs: nothing cut
+    few = significance.iqm_interval([0.71, 0.72, 0.76])
+    assert (few.value, few.low, few.high, few.runs, few.tasks) == (pytest.approx(0.73), None, None, 3, 1)
+    # two tasks, every run of a task scoring the same: resampling runs within a task changes
+    # nothing, so the stratified interval has zero width (pooled resampling would not).
+    flat = significance.iqm_interval([[0.2, 0.8]] * 10, resamples=500)
+    assert (flat.value, flat.low, flat.high, flat.runs, flat.tasks) == (pytest.approx(0.5), 0.5, 0.5, 10, 2)
+    # one task, runs 0 and 1: resampled IQMs (means of 2) are 0, .5, .5, 1 -> interval [0, 1]
+    two = significance.iqm_interval([0.0, 1.0], resamples=4000, min_n=2)
+    assert (two.value, two.low, two.high) == (0.5, 0.0, 1.0)
 
 
 # -- reading and grouping ------------------------------------------------------------------------
@@ -169,7 +229,7 @@ def test_full_comparison_by_hand(tmp_path):
     grpo, srpo = c.groups
     assert c.baseline == "grpo" and grpo.label == "grpo"
     assert grpo.final.mean == pytest.approx(0.81) and grpo.final.n == 3
-    assert grpo.final.half_width == pytest.approx(stats.t_quantile_975(2) * 0.01 / math.sqrt(3))
+    assert grpo.final.half_width == pytest.approx(stats.t_quantile(2) * 0.01 / math.sqrt(3))
     assert srpo.auc.mean == pytest.approx((2 * 0.55 + 2 * 0.7) / 4 + 0.11)
     # threshold = baseline final mean 0.81: grpo seeds reach it at step 4 only for seed 1, 2
     # (0.81, 0.82); seed 0 ends at 0.80 -> median of [inf, 400, 400] = 400.
@@ -181,7 +241,10 @@ def test_full_comparison_by_hand(tmp_path):
     assert grpo.step_time == 0.5
     final, auc = c.tests
     assert final.result.paired and final.result.diff == pytest.approx(0.1)
-    assert final.result.p_value == pytest.approx(1 / 1000) and "paired on seeds 0, 1, 2" in final.note
+    # a constant shift on 3 seeds: the exact sign-flip test's floor, not a bootstrap's 1/(B+1)
+    assert final.result.p_value == pytest.approx(0.25) and final.result.test == "exact sign-flip"
+    assert "paired on seeds 0, 1, 2" in final.note and "no result can reach p < 0.05" in final.note
+    assert grpo.iqm["final"].value == pytest.approx(0.81) and grpo.iqm["final"].low is None
     assert auc.quantity == "auc" and auc.result.diff == pytest.approx(0.1)
 
 
@@ -290,8 +353,14 @@ def test_cli_writes_report_and_prints_table(tmp_path, capsys):
     assert "grpo (baseline)" in md and "| srpo |" in md and "CUDA out of memory" in md
     assert "neg_mass_at" in md and "0.500 ± 0.000 (n=2)" in md
     assert "data:image/png;base64," in (out / "report.html").read_text()
+    # 2 seeds, a constant shift: exact sign-flip over 4 patterns, p = 2/4; shown with its test and n
+    assert "| +0.050 | [+0.050, +0.050] | 0.5 | exact sign-flip, 2 pairs (4 arrangements; smallest possible p 0.5) | — |" in md
+    assert "no result can reach p < 0.05" in md and "0.800 (n=2, no interval below n=20)" in md
     numbers = json.loads((out / "compare.json").read_text())
-    assert numbers["tests"][0]["diff"] == pytest.approx(0.05)
+    test = numbers["tests"][0]
+    assert test["diff"] == pytest.approx(0.05) and (test["p_value"], test["p_min"]) == (0.5, 0.5)
+    assert (test["test"], test["n"], test["sides"], test["bootstrap_ci95"]) == ("exact sign-flip", "2 pairs", "two-sided", None)
+    assert numbers["groups"][0]["iqm"]["final"] == {"iqm": pytest.approx(0.8), "ci95": None, "runs": 2, "tasks": 1}
 
 
 def test_cli_errors_exit_2_with_a_message(tmp_path, capsys):
