@@ -225,7 +225,7 @@ def compare(argv: list[str]) -> None:
     parser = _ArgumentParser(
         prog="creditlab compare",
         description="Compare runs grouped by config keys (seeds are the replicates): tables, learning curves "
-        "with 95% confidence bands and paired bootstrap tests against a baseline. See docs/comparing.md.",
+        "with 95% confidence bands and exact sign-flip tests against a baseline. See docs/comparing.md.",
     )
     parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. multirun/<date>)")
     parser.add_argument("--by", default="method", help="comma-separated config keys defining a group (default: method)")
@@ -233,8 +233,8 @@ def compare(argv: list[str]) -> None:
     parser.add_argument("--threshold", type=float, default=None, help="accuracy for tokens-to-threshold (default: the baseline's final mean)")
     parser.add_argument("--metric", default="eval/pass@1", help="evaluation metric (default: eval/pass@1)")
     parser.add_argument("--out", default="compare", help="output folder (default: ./compare)")
-    parser.add_argument("--bootstrap", type=int, default=10000, help="bootstrap resamples (default: 10000)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    parser.add_argument("--bootstrap", type=int, default=10000, help="resamples for bootstrap intervals and Monte Carlo tests (default: 10000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of those resamples (default: 0)")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="also count running, killed, crashed and partial runs that have evaluations")
     args = parser.parse_args(argv)

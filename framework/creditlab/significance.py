@@ -33,8 +33,8 @@ from creditlab.stats import t_quantile
 #: Enumerate every arrangement up to this many (2^16 sign patterns, or 9 vs 9 runs: 48,620
 #: splits; about a second each on one CPU core); beyond, draw ``resamples`` random ones.
 EXACT_LIMIT = 2**16
-#: Show a bootstrap interval only from this many values up: below it the percentile bootstrap
-#: is too narrow (about 0.91 of the t-interval's width at n = 20, 0.82 at n = 5, 0.69 at n = 3).
+#: Show a bootstrap interval only from this many values up: below it the percentile bootstrap is
+#: too narrow (on average 0.91 of the t-interval's width at n = 20, 0.63 at n = 5, 0.37 at n = 3).
 BOOTSTRAP_MIN_N = 20
 #: Values are rounded to this many decimals before testing, so that equal accuracies (k/N
 #: computed along different float paths) tie exactly.
