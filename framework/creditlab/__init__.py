@@ -26,6 +26,7 @@ from creditlab.interfaces import (
     Task,
     Verifier,
 )
+from creditlab.policy import encode_prompt
 from creditlab.registry import REGISTRIES, build_config, build_part, conf_dirs, registry
 from creditlab.types import (
     Advantages,
@@ -69,7 +70,7 @@ __all__ = [
     "REGISTRIES", "registry", "build_config", "build_part", "conf_dirs",
     # helpers for estimators and selectors
     "group_advantages", "broadcast", "STD_OPTIONS", "thought_spans", "completion_spans",
-    "span_texts",
+    "span_texts", "encode_prompt",
     # contract checks and fakes
     "testing",
 ]

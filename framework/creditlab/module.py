@@ -172,7 +172,7 @@ class CreditAssignmentModule(L.LightningModule):
         return ModelPolicyHandle(
             self.policy, self.tokenizer, self.parts.backend, rng,
             self.rollout_cfg.temperature, self.loss_cfg.micro_batch_size,
-            rollout_fn=self.parts.sampler,
+            rollout_fn=self.parts.sampler, chat_template=self.rollout_cfg.chat_template,
         )
 
     def on_train_start(self) -> None:

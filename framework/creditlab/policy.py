@@ -9,15 +9,42 @@ from typing import Any
 
 import torch
 
+from creditlab.errors import ConfigError
 from creditlab.forward import branch_logits, position_ids
 from creditlab.interfaces import GenerationBackend, PolicyHandle, offset_embeddings
 from creditlab.losses import gather_logprobs
 from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
 
 
-def encode_prompt(tokenizer: Any, text: str) -> tuple[int, ...]:
-    """Prompt text to ids: the chat template when the tokenizer has one, else plain encoding."""
-    if getattr(tokenizer, "chat_template", None):
+def encode_prompt(
+    tokenizer: Any, text: str, chat_template: bool | str = "auto", where: str = "rollout.chat_template"
+) -> tuple[int, ...]:
+    """Prompt text to ids: a user turn of the tokenizer's chat template with the generation prompt,
+    or the plain text with the tokenizer's special tokens (``add_special_tokens=True``).
+
+    Args:
+        tokenizer: A ``transformers`` tokenizer.
+        text: The prompt.
+        chat_template: ``"auto"`` (the template when the tokenizer has one; the default, and what
+            every prompt got before this was a setting), ``True`` (the template; the tokenizer must
+            have one) or ``False`` (the plain text, for prompts written as a raw
+            completion).
+        where: The setting named in errors.
+
+    Raises:
+        ConfigError: ``chat_template`` is none of those, or ``True`` with a tokenizer that has no
+            chat template.
+    """
+    if not (chat_template == "auto" or isinstance(chat_template, bool)):
+        raise ConfigError(f"{where} must be auto, true or false; got {chat_template!r}.")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if chat_template is True and not has_template:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(
+            f"{where}=true but the tokenizer of {name} has no chat template; set {where} to auto "
+            "(template when there is one) or false (plain text)."
+        )
+    if has_template and chat_template is not False:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )
@@ -50,6 +77,9 @@ class ModelPolicyHandle(PolicyHandle):
         micro_batch_size: Rows per forward pass in :meth:`logprobs` (0 = all at once).
         rollout_fn: The run's :data:`~creditlab.interfaces.SampleFn` (its
             :class:`~creditlab.rollout.RolloutSampler`), behind :meth:`rollouts`.
+        chat_template: How :meth:`encode` encodes problem prompts (``rollout.chat_template``:
+            ``auto``, ``True`` or ``False``; :func:`encode_prompt`), so every part encodes a
+            problem as the rollouts and the evaluation do.
 
     ``generated_tokens`` counts the tokens of :meth:`generate` calls (e.g. a reset selector's
     questions; :meth:`rollouts` are counted by the sampler) so runs compare on all generated tokens.
@@ -64,8 +94,10 @@ class ModelPolicyHandle(PolicyHandle):
         temperature: float = 1.0,
         micro_batch_size: int = 0,
         rollout_fn: Any = None,
+        chat_template: bool | str = "auto",
     ) -> None:
         self.model = model
+        self.chat_template = chat_template
         self.rollout_fn = rollout_fn
         self.generated_tokens = 0
         self._tokenizer = tokenizer
@@ -83,7 +115,7 @@ class ModelPolicyHandle(PolicyHandle):
         return self._rng
 
     def encode(self, text: str) -> tuple[int, ...]:
-        return encode_prompt(self._tokenizer, text)
+        return encode_prompt(self._tokenizer, text, self.chat_template)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -256,6 +256,9 @@ class RolloutConfig:
         truncation_reward: Reward given to truncated completions under ``penalize``.
         success_reward: A chain with at least this reward is correct, for every part that asks
             (credit metrics, rollout strategies, estimators that contrast outcomes).
+        chat_template: How problem prompts of rollouts and evaluation are encoded: ``"auto"``
+            (the tokenizer's chat template when it has one), ``True`` (the template, required) or
+            ``False`` (the plain text, for prompts written as a raw completion).
     """
 
     group_size: int = 8
@@ -271,8 +274,11 @@ class RolloutConfig:
     truncation: str = "keep"
     truncation_reward: float = 0.0
     success_reward: float = 1.0
+    chat_template: bool | str = "auto"
 
     def __post_init__(self) -> None:
+        if not (self.chat_template == "auto" or isinstance(self.chat_template, bool)):
+            raise ValueError(f"rollout.chat_template must be auto, true or false, got {self.chat_template!r}")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.truncation not in TRUNCATION_POLICIES:

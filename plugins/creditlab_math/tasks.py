@@ -195,7 +195,12 @@ def _string_field(row: Mapping[str, Any], key: str, config_key: str, what: str, 
 
 
 class _FileTask(Task):
-    """Shared loading, validation and ids; subclasses turn one row into a problem."""
+    """Shared loading, validation and ids; subclasses turn one row into a problem.
+
+    Every problem keeps its bare statement (the row's question/problem field, without
+    ``prompt_template``) in ``metadata["problem"]``, e.g. for a localization prompt that shows the
+    problem on its own (``reset_selector.problem_field=problem``, as the SRPO code does).
+    """
 
     _placeholder = "{question}"
     _prompt_key = "question_field"
@@ -277,7 +282,7 @@ class _FileTask(Task):
             )
             answer, metadata = self._answer(row, where)
             prompt = self.config.prompt_template.replace(self._placeholder, prompt_text)
-            metadata = {"index": index, "source": source, **metadata}
+            metadata = {"index": index, "source": source, **metadata, "problem": prompt_text}
             problems.append(Problem(id=pid, prompt=prompt, answer=answer, metadata=metadata))
         return problems
 
@@ -289,7 +294,8 @@ class GSM8KTask(_FileTask):
     """GSM8K-format word problems: a question and a worked answer ending in ``#### <number>``.
 
     ``Problem.answer`` is the text after the last ``####`` with commas, ``$`` and spaces removed;
-    ``metadata["solution"]`` keeps the full worked answer. No step oracle. The default prompt
+    ``metadata["solution"]`` keeps the full worked answer, ``metadata["problem"]`` the bare
+    question. No step oracle. The default prompt
     asks for the final answer after ``####`` (the ``gsm8k`` verifier also reads ``\\boxed{}``
     and, by default, the last number).
     """
@@ -348,7 +354,8 @@ class MathTask(_FileTask):
 
     ``Problem.answer`` is the ``answer_field`` text, or with ``answer_from_solution`` the content
     of the last ``\\boxed{}`` of that field (a full worked solution). Other scalar fields of the
-    row (e.g. ``level``, ``type``) go to ``metadata``. No step oracle.
+    row (e.g. ``level``, ``type``) go to ``metadata``, and the bare problem statement (the
+    ``problem_field`` text, without the template) to ``metadata["problem"]``. No step oracle.
     """
 
     _placeholder = "{problem}"
@@ -413,7 +420,8 @@ class NuminaOlympiadsTask(MathTask):
     prepared once into local JSONL files by ``python -m creditlab_math.prepare
     numina-olympiads`` (:mod:`creditlab_math.numina`; docs/data.md). Rows hold ``id``,
     ``problem``, ``answer`` (the gold answer, no ``\\boxed``) and ``solution``; pair with
-    ``verifier=math_verify``. The default prompt asks for thought-by-thought solutions ending each
+    ``verifier=math_verify``. ``metadata["problem"]`` holds the bare problem (the SRPO presets'
+    localization prompt shows it, as the official code). The default prompt asks for thought-by-thought solutions ending each
     step with ``</thought>`` (change it with ``rollout.delimiter``). No step oracle.
     """
 

@@ -38,6 +38,7 @@ from creditlab import (
     Spans,
     Sum,
     Trajectory,
+    encode_prompt,
     span_texts,
 )
 
@@ -141,8 +142,10 @@ class SelfLocalizeResetSelector(ResetSelector):
     """SRPO (arXiv 2605.25507): the current policy localizes the first wrong thought of the seed.
 
     One ``ctx.generate`` call serves every seed of :meth:`select_many`: request i is
-    ``ctx.encode(template(problem_i, thoughts_i))`` (``paper`` or ``compact``) (no reset prefix), sampled with
-    this config (one seed drawn from ``ctx.rng``, no stop strings, as the official code). Each
+    ``template(problem_i, thoughts_i)`` (``paper`` or ``compact``; no reset prefix) encoded with
+    ``chat_template`` (the official code wraps it in the chat template whatever the rollouts do),
+    sampled with this config (one seed drawn from ``ctx.rng``, no stop strings, as the official
+    code). Each
     answer is parsed with :func:`~creditlab_resets.localize.parse_localization` into N, and the
     reset point is ``N - 1``. Localization tokens are returned to nobody, so never trained on.
     Seeds without thoughts get segment 0 without a model call. A failing ``generate`` raises
@@ -153,8 +156,9 @@ class SelfLocalizeResetSelector(ResetSelector):
     class Config:
         """Attributes:
         temperature: Localization sampling temperature (paper 0.3; 0.0 = greedy, used for 1x8).
-        top_p: Nucleus truncation of localization sampling.
-        top_k: Top-k truncation (0 = none).
+        top_p: Nucleus truncation of localization sampling (the shipped YAML takes the rollout's,
+            as the official code reuses the rollout sampling settings with its own temperature).
+        top_k: Top-k truncation (0 = none; the shipped YAML takes the rollout's).
         max_new_tokens: Budget of one localization answer. The official code allows 4096 (the
             policy reasons before boxing); 64 fits the tiny default model, raise it for real ones
             (a cut answer without ``\\boxed{}`` falls back to its last "Step k" phrase, else N=1).
@@ -165,6 +169,9 @@ class SelfLocalizeResetSelector(ResetSelector):
         template: ``paper`` (the official prompt's instructions, in our words) or ``compact``
             (no instructions; for small models warm-started on it, like the tiny arith model).
             The shipped YAML takes it from ``model.localization_template``.
+        chat_template: How the localization prompt is encoded: ``"auto"`` (the tokenizer's chat
+            template when it has one, as the official code), ``True`` or ``False``; independent
+            of ``rollout.chat_template``.
         """
 
         temperature: float = 0.3
@@ -174,8 +181,14 @@ class SelfLocalizeResetSelector(ResetSelector):
         delimiter: str = "</thought>"
         problem_field: str = ""
         template: str = "paper"
+        chat_template: bool | str = "auto"
 
         def __post_init__(self) -> None:
+            if not (self.chat_template == "auto" or isinstance(self.chat_template, bool)):
+                raise ConfigError(
+                    f"reset_selector.chat_template must be auto, true or false; got "
+                    f"{self.chat_template!r}."
+                )
             if self.template not in TEMPLATES:
                 raise ConfigError(
                     f"reset_selector.template must be one of {', '.join(TEMPLATES)}; "
@@ -233,7 +246,7 @@ class SelfLocalizeResetSelector(ResetSelector):
         Args:
             trajectories: B failed chains.
             spans: B span tuples; seed i has n_i = ``len(spans[i])`` thoughts.
-            ctx: The current policy (``tokenizer``, ``encode``, ``generate``, ``rng``).
+            ctx: The current policy (``tokenizer``, ``generate``, ``rng``).
 
         Returns:
             B reset points, ``ResetPoint(N_i - 1)``, info: ``n_thoughts`` (n_i),
@@ -257,7 +270,10 @@ class SelfLocalizeResetSelector(ResetSelector):
             texts = thought_texts(traj, sp, ctx.tokenizer)
             template = TEMPLATES[self.config.template]
             prompt = template(self._problem_text(traj.problem), texts, delimiter=delim)
-            requests.append(GenerationRequest(tuple(ctx.encode(prompt))))
+            ids = encode_prompt(
+                ctx.tokenizer, prompt, self.config.chat_template, "reset_selector.chat_template"
+            )
+            requests.append(GenerationRequest(tuple(ids)))
             asked.append((i, n))
         if requests:
             seed = int(torch.randint(0, 2**62, (1,), generator=ctx.rng))

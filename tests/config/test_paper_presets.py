@@ -114,3 +114,39 @@ def test_without_vllm_a_preset_fails_validation_naming_the_install():
         pytest.skip("vLLM is installed here")
     with pytest.raises(ConfigError, match="vllm"):
         validate(compose(["experiment=srpo_qwen25_14b"]))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_presets_encode_and_reward_as_the_official_code(name, with_vllm):
+    """Issue 14: the thought loop of the SRPO code encodes the plain instruction (no chat
+    template) for rollouts and evaluation alike; its math rewards are float(is_correct) (0 or 1),
+    which math_verify with these settings gives (a truncated chain is scored as it is)."""
+    checked, cfg = checked_and_cfg(f"experiment={name}")
+    rollout = checked["rollout"]
+    assert rollout.chat_template is False
+    assert (rollout.truncation, rollout.success_reward) == ("keep", 1.0)
+    assert (cfg.verifier.reward_correct, cfg.verifier.reward_wrong) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_srpo_localization_as_the_official_code(model, with_vllm):
+    """The localization call reuses the rollout sampling (top-p 0.95) at temperature 0.3, shows
+    the bare problem, and is chat-templated although the rollouts are not."""
+    checked, _ = checked_and_cfg(f"experiment=srpo_{model}")
+    selector = checked["reset_selector"][1]
+    assert (selector.temperature, selector.top_p, selector.top_k) == (0.3, 0.95, 0)
+    assert (selector.problem_field, selector.chat_template, selector.max_new_tokens) == ("problem", "auto", 4096)
+    # 1x8 localizes greedily in the official code: one override, the rest unchanged.
+    checked, _ = checked_and_cfg(f"experiment=srpo_{model}", "rollout.split=1x8", "reset_selector.temperature=0")
+    assert checked["rollout_strategy"][1].split == "1x8"
+    assert (checked["reset_selector"][1].temperature, checked["reset_selector"][1].top_p) == (0.0, 0.95)
+
+
+def test_the_plug_in_default_localizes_with_the_rollout_sampling():
+    """``reset_selector=self_localize`` takes top-p/top-k from the rollout (official behaviour):
+    unchanged on the default run (top-p 1), 0.95 wherever the rollouts use 0.95."""
+    checked, _ = checked_and_cfg("method=srpo")
+    assert (checked["reset_selector"][1].top_p, checked["reset_selector"][1].top_k) == (1.0, 0)
+    assert checked["reset_selector"][1].problem_field == "" and checked["rollout"].chat_template == "auto"
+    checked, _ = checked_and_cfg("method=srpo", "rollout.top_p=0.9", "rollout.top_k=20")
+    assert (checked["reset_selector"][1].top_p, checked["reset_selector"][1].top_k) == (0.9, 20)

@@ -11,6 +11,7 @@ from creditlab import policy
 from creditlab.compose import compose
 from creditlab.launch import run
 from creditlab.loggers import read_metrics
+from creditlab_resets import selectors
 
 from tests.unit.test_chat_template import save_chat_model
 
@@ -23,12 +24,13 @@ def test_srpo_run_with_a_chat_templated_local_model(tmp_path, monkeypatch):
     encoded: list[tuple[int, ...]] = []
     original = policy.encode_prompt
 
-    def recording(tokenizer, text):
-        ids = original(tokenizer, text)
+    def recording(tokenizer, text, *setting):
+        ids = original(tokenizer, text, *setting)
         encoded.append(ids)
         return ids
 
     monkeypatch.setattr(policy, "encode_prompt", recording)
+    monkeypatch.setattr(selectors, "encode_prompt", recording)  # the localizer encodes on its own
     out = tmp_path / "run"
     cfg = compose([
         "logger=none", f"run_dir={out}", "threads=1",
