@@ -5,14 +5,19 @@ For each prompt and a budget of N trainable completions, split as ``R x K`` (``R
 
 1. Fresh chains are drawn, at most ``max_seed_draws`` per prompt. Each incorrect chain becomes a
    *seed* while fewer than ``R`` are found (seeds pick reset points and are never trained on);
-   every other chain joins the base group while it has room, otherwise it is discarded (this
-   biases the base group slightly toward failures, as the official code does; counted). A chain
-   with no thought joins the base group with reward 0 and is never a seed.
+   every other chain joins the base group while it has room, otherwise it is discarded (counted).
+   The base group is thus the first draws *minus the first failures*: it is biased slightly
+   toward successes (with success rate p and 1x4, its expected failures are 4(1-p) - (p - p^5)
+   instead of 4(1-p)), as in the official code. A chain with no thought joins the base group with
+   reward 0 and is never a seed.
 2. Fewer than ``R`` seeds within the draws: the fallback, one plain GRPO group of N — the base
-   chains, then the seeds found (as ordinary failed chains), then fresh chains up to N (as the
-   official code for 1x4; for 2x4 it refills from the correct chains it drew earlier, which we
-   discard, so our fallback group is not biased toward successes). Otherwise the base group is
-   topped up with fresh chains to ``N - R*K``.
+   chains, then the seeds found (as ordinary failed chains), then fresh chains up to N. This is
+   the official 1x4 fallback. Our choice for the splits without a base group (2x4, 1x8): the
+   official loops refill from the chains they already drew, mostly correct ones (for 1x8 the
+   group is the first 8 draws, all correct or empty since no failure was found in 12, so its
+   advantages are zero unless a chain is empty); we discard those chains and draw fresh ones, so
+   that the fallback group is an i.i.d. GRPO group, not draws selected for succeeding.
+   Otherwise the base group is topped up with fresh chains to ``N - R*K``.
 3. The reset selector picks a thought of each seed; ``K`` suffixes continue from the seed's
    response token ids up to the start of that thought (never re-tokenized text). A suffix trains
    from the prefix end (``trainable_from``) unless ``mask_prefix`` is off (the ``no_mask``
