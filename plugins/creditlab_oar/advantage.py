@@ -83,7 +83,9 @@ class OARConfig:
         mode: Probe read-out: ``last``, ``answer_mean`` or ``answer_joint``
             (:mod:`creditlab_oar.probe`).
         cue: Conclude-cue text appended after the reasoning.
-        answer_marker: Text whose last occurrence (as a token sequence) starts the answer.
+        answer_marker: Text whose last occurrence in the decoded response starts the answer
+            (matched on text, so a marker merged by BPE with a space or ``$`` is found;
+            :func:`~creditlab_oar.probe.find_marker`).
         q: Tier-splitting quantile of the normalized scores, in [0, 1]. Paper value unknown (ours).
         beta: High-tier boost, >= 0. Paper value unknown (ours).
         w_floor: Lowest low-tier weight (the code's 0.1), in [0, 1].
@@ -229,7 +231,8 @@ class _OARAdvantage(AdvantageEstimator):
         eos_id = getattr(tok, "eos_token_id", None) if tok is not None else None
         marker, cue = text_ids(cfg.answer_marker, ctx), text_ids(cfg.cue, ctx)
         rows = range(batch.size) if rows is None else rows
-        probes = [build_probe(batch, r, marker, cue, cfg.mode, eos_id) for r in rows]
+        probes = [build_probe(batch, r, marker, cue, cfg.mode, eos_id, cfg.answer_marker, tok,
+                              cue_is_marker=cfg.cue == cfg.answer_marker) for r in rows]
         probes = [p for p in probes if p.scored.numel() >= 2]
         importance = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
         reasoning = torch.zeros(batch.loss_mask.shape, dtype=torch.bool)

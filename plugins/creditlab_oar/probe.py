@@ -3,16 +3,21 @@
 The probe of a trajectory is ``prompt + reasoning + cue (+ answer)`` [code: the authors' fragment
 builds ``token_ids_before_reasoning + token_ids_reasoning + token_ids_conclude (+ answer)``]:
 
-* **answer** = the response tokens after the *last* occurrence of the ``answer_marker`` token
-  sequence, up to the end (a final EOS excluded); the marker itself and everything after it keep
-  advantage weight 1. **reasoning** = the response tokens before the marker. Without a marker every
-  response token but a final EOS is reasoning. [ours: the fragment receives reasoning and answer as
-  separate strings and re-tokenizes them; here they are cut from the rollout's token ids, never
-  re-tokenized]
+* **marker** = the tokens holding the *last* occurrence of the ``answer_marker`` text in the
+  decoded response (a final EOS excluded), found by :func:`find_marker`: the text is searched, and
+  the character span mapped back to token positions, so a marker that BPE merged with its
+  neighbours (``" \\"``, ``" $\\"`` before ``boxed``) is found as well. A token that holds marker
+  characters belongs to the marker, even if it also holds a character before it (the space or
+  ``$``). **answer** = the response tokens after the marker, up to the end; the marker and the
+  answer keep advantage weight 1. **reasoning** = the response tokens before the marker. Without a
+  marker every response token but a final EOS is reasoning. [ours: the fragment receives reasoning
+  and answer as separate strings and re-tokenizes them; here the split is made on the decoded text
+  but the pieces are the rollout's own token ids, never re-tokenized]
 * **cue** = the ``cue`` text's tokens. With the default ``cue = answer_marker = "\\boxed{"`` the
-  probe ``prompt + reasoning + cue + answer`` is exactly the rollout's own token sequence (minus
-  EOS). The fragment takes the cue from an input field (``inputs['conclude']``) whose value is not
-  in the released code, so the default is ours.
+  cue of a row with a marker is the rollout's own marker tokens, so the probe
+  ``prompt + reasoning + cue + answer`` is exactly the rollout's own token sequence (minus EOS),
+  merged tokens included. The fragment takes the cue from an input field (``inputs['conclude']``)
+  whose value is not in the released code, so the default is ours.
 
 Modes (what the probe reads):
 
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from creditlab import PolicyHandle, RolloutBatch
@@ -99,6 +105,50 @@ def text_ids(text: str, ctx: PolicyHandle) -> tuple[int, ...]:
     return tuple(int(i) for i in tok(text, add_special_tokens=False)["input_ids"])
 
 
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _first_token_reaching(tokenizer: Any, ids: Sequence[int], chars: int) -> int:
+    """The smallest ``k`` whose prefix ``ids[:k + 1]`` decodes to more than ``chars`` characters
+    (binary search: ``O(log n)`` decodes). ``len(ids)`` when none does."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_decode(tokenizer, ids[: mid + 1])) > chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def find_marker(
+    body: Sequence[int], marker_ids: Sequence[int], marker_text: str = "", tokenizer: Any = None
+) -> tuple[int, int] | None:
+    """``(start, end)``: the token span ``body[start:end]`` holding the last answer marker, or
+    ``None`` when the response has none.
+
+    With a tokenizer and ``marker_text``, the marker is searched in the decoded text and its first
+    and last characters are mapped back to the tokens that hold them (prefix decodes, binary
+    search): a marker merged by BPE with the text around it (e.g. ``" \\"`` + ``"boxed"`` +
+    ``"{"`` for ``" \\boxed{"``) is found, where its own encoding (``"\\"``, ``"boxed"``,
+    ``"{"``) is not a subsequence of the response. The span is checked (its decoded text holds the
+    marker); a tokenizer whose prefix decodes are not prefixes of the full decode (the check
+    fails) falls back to the token sequence ``marker_ids``, as does a call without a tokenizer.
+    """
+    if tokenizer is not None and marker_text:
+        text = _decode(tokenizer, body)
+        at = text.rfind(marker_text)
+        if at < 0:
+            return None
+        start = _first_token_reaching(tokenizer, body, at)
+        end = _first_token_reaching(tokenizer, body, at + len(marker_text) - 1) + 1
+        if start < end <= len(body) and marker_text in _decode(tokenizer, body[start:end]):
+            return start, end
+    m = last_occurrence(body, marker_ids)
+    return None if m is None else (m, m + len(marker_ids))
+
+
 def last_occurrence(seq: Sequence[int], pattern: Sequence[int]) -> int | None:
     """Start of the last occurrence of ``pattern`` in ``seq`` (``None`` if absent or empty)."""
     k = len(pattern)
@@ -118,6 +168,9 @@ def build_probe(
     cue_ids: Sequence[int],
     mode: str,
     eos_id: int | None,
+    marker_text: str = "",
+    tokenizer: Any = None,
+    cue_is_marker: bool = False,
 ) -> Probe:
     """The probe of ``batch`` row ``row``.
 
@@ -125,11 +178,15 @@ def build_probe(
         batch: The rollout batch (``input_ids`` (B, P+T), ``attention_mask``, ``response_ids``
             (B, T), ``response_mask``, ``loss_mask``).
         row: Batch row.
-        marker_ids: Answer-marker token ids.
+        marker_ids: Answer-marker token ids (the match without a tokenizer).
         cue_ids: Conclude-cue token ids.
         mode: One of :data:`MODES`.
         eos_id: The tokenizer's EOS id, or ``None`` (then a row that finished with ``"eos"`` is
             taken to end in its EOS token, as backends keep it in ``response_ids``).
+        marker_text: Answer-marker text, searched in the decoded response (:func:`find_marker`).
+        tokenizer: Decodes the response for that search; ``None``: match ``marker_ids``.
+        cue_is_marker: The cue is the marker text: a row with a marker takes its own marker
+            tokens as the cue (its probe is then its own token sequence).
     """
     p = batch.prompt_len
     prompt = batch.input_ids[row, :p][batch.attention_mask[row, :p] > 0]
@@ -139,12 +196,14 @@ def build_probe(
     if n and finish == "eos" and (eos_id is None or int(resp[-1]) == eos_id):
         n -= 1
     body = resp[:n].tolist()
-    m = last_occurrence(body, marker_ids)
-    reasoning_end = n if m is None else m
-    answer = resp[m + len(marker_ids) : n] if m is not None else resp[:0]
+    span = find_marker(body, marker_ids, marker_text, tokenizer)
+    reasoning_end = n if span is None else span[0]
+    answer = resp[span[1] : n] if span is not None else resp[:0]
     eff, fallback = mode, False
     if mode != "last" and answer.numel() == 0:
         eff, fallback = "last", True
+    if cue_is_marker and span is not None:
+        cue_ids = body[span[0] : span[1]]
     cue = torch.tensor(list(cue_ids), dtype=torch.long)
     parts = [prompt, resp[:reasoning_end], cue] + ([answer] if eff != "last" else [])
     ids = torch.cat(parts).long()
@@ -158,7 +217,7 @@ def build_probe(
         cue_end=int(prompt.numel()) + reasoning_end + len(cue_ids),
         answer_len=int(answer.numel()) if eff != "last" else 0,
         mode=eff,
-        marker_found=m is not None,
+        marker_found=span is not None,
         fallback=fallback,
     )
 

@@ -47,8 +47,8 @@ def test_allow_train_rows_scores_them_and_says_how_many(capsys):
     data = _data({"train": TRAIN, "test": TRAIN}, problems=500, allow_train_rows=True)
     assert [p.prompt for p in data.test_problems] == TRAIN
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["[creditlab] warning: eval.problems=500 but task _Task has 24 held-out test rows: "
-                   "evaluation scores 24 problems (eval/problems)."]
+    assert err == [("[creditlab] warning: eval.problems=500 but task _Task has 24 held-out test rows: "
+                    "evaluation scores 24 problems (eval/problems).")]
 
 
 def test_without_evaluation_a_shared_file_is_not_refused(capsys):
