@@ -102,6 +102,7 @@ class _Row:
     ids: list[int]  # original prefix + thoughts generated so far
     segment_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] | None = field(default_factory=list)  # None once a round has none
     thought: int = 0  # index of the thought generated next
     partial: list[int] = field(default_factory=list)  # unfinished prefix thought, continued next
     finish: str | None = None
@@ -181,7 +182,8 @@ def generate_thoughts(
 
     Returns:
         N completions in request order: ``response_ids`` = prefix + all new thoughts (R,),
-        ``logprobs`` of the new tokens (R - prefix_len,), ``segment_ids`` (R,) the thought index
+        ``logprobs`` and ``entropies`` of the new tokens (R - prefix_len,; entropies None when a
+        round's backend output had none), ``segment_ids`` (R,) the thought index
         of each token (prefix tokens: their thought from ``prefix_segment_ids``, renumbered
         from 0, or else the number of delimiters before them, as :func:`thought_spans`; each
         round after that is one thought, so a capped thought without delimiter is its own
@@ -228,6 +230,10 @@ def generate_thoughts(
             new = list(out.response_ids[len(row.ids) :])
             row.ids.extend(new)
             row.logprobs.extend(out.logprobs)
+            if row.entropies is not None and out.entropies is not None:
+                row.entropies.extend(out.entropies)
+            else:
+                row.entropies = None
             row.segment_ids.extend([row.thought] * len(new))
             text = tok.decode(row.partial + new, skip_special_tokens=True)
             row.partial = []
@@ -248,6 +254,7 @@ def generate_thoughts(
             prompt_ids=row.prompt_ids,
             response_ids=tuple(row.ids),
             logprobs=tuple(row.logprobs),
+            entropies=tuple(row.entropies) if row.entropies is not None else None,
             finish_reason=row.finish or "length",
             text=text,
             prefix_len=row.prefix_len,

@@ -89,6 +89,10 @@ class Completion:
         prefix_len: Number of response tokens copied from the request's prefix.
         segment_ids: Optional thought index per response token, shape (R,), from thought-by-thought
             generation.
+        entropies: Optional predictive entropy (nats) of the distribution each *generated* token
+            was drawn from, shape (R - prefix_len,): ``H(softmax(logits / T))`` at the sampling
+            temperature T (T = 1 when greedy), before top-p/top-k truncation, like ``logprobs``.
+            ``None`` when the backend did not record them; prefix tokens have none.
     """
 
     prompt_ids: tuple[int, ...]
@@ -98,6 +102,7 @@ class Completion:
     text: str
     prefix_len: int = 0
     segment_ids: tuple[int, ...] | None = None
+    entropies: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ concrete rules, none of which the paper's abstract pins down:
   a keyword spans many tokens; only its first token starts the segment.
 * **Uncertain tokens**: a segment starts at every token whose score exceeds the
   ``entropy_quantile`` of the row's scores (strictly, so a constant row gives none; ``null``
-  turns this off). The score is the policy's predictive entropy at that token when the
-  completion carries it (``Completion.entropies``, read with ``getattr`` since the core does
-  not define the field yet; aligned either with the response or with its generated tokens) and
-  otherwise the **surprisal** ``-log p`` of the sampled token from ``batch.gen_logprobs`` (the
-  backend's log-probs). The surprisal is the fallback until the backend records entropies.
-  Reset-prefix tokens have no generation log-probs and are never entropy boundaries.
+  turns this off). The score (``score``) is the policy's predictive entropy at that token
+  (``Completion.entropies``: both backends record it, at the sampling temperature before
+  top-p/top-k; vLLM's from its top-k log-probs, see its backend) and, for a completion without
+  entropies, the **surprisal** ``-log p`` of the sampled token from ``batch.gen_logprobs``
+  (``score: auto``); ``entropy`` requires entropies, ``surprisal`` always uses the surprisal.
+  Reset-prefix tokens have no entropies nor generation log-probs and are never entropy
+  boundaries. The card (docs/methods/rredcot.md) compares both scores on the embedded task.
 * **Priorities and minimum length**: candidates are taken in the order delimiters (by position),
   keywords (by position), uncertain tokens (highest score first); one is kept only if it is at
   least ``min_segment_tokens`` from every kept boundary and from both ends of the response, and
@@ -46,6 +47,7 @@ import torch
 from creditlab import ConfigError, Mean, RolloutBatch, Segmenter, Segments, Spans
 
 DEFAULT_DELIMITERS = ("</thought>", "\n\n")
+SCORES = ("auto", "entropy", "surprisal")
 DEFAULT_KEYWORDS = (
     "Wait", "Alternatively", "Let me check", "Let me verify", "Let me double-check", "But", "Hmm",
     "Actually", "However", "Hold on",
@@ -83,6 +85,8 @@ class KeywordEntropySegmenter(Segmenter):
         min_segment_tokens: No boundary closer than this to another or to either end.
         max_segments: At most this many segments per response (0 = no cap); each costs one
             value row per candidate answer in the ``rredcot`` estimator.
+        score: Uncertainty score: ``auto`` (the completion's entropies, else the surprisal),
+            ``entropy`` (entropies required) or ``surprisal`` (``-log p`` of the sampled token).
         """
 
         delimiters: list[str] = field(default_factory=lambda: list(DEFAULT_DELIMITERS))
@@ -90,6 +94,7 @@ class KeywordEntropySegmenter(Segmenter):
         entropy_quantile: float | None = 0.9
         min_segment_tokens: int = 4
         max_segments: int = 0
+        score: str = "auto"
 
         def __post_init__(self) -> None:
             self.delimiters = _str_list(self.delimiters, "delimiters")
@@ -105,6 +110,8 @@ class KeywordEntropySegmenter(Segmenter):
                 )
             if self.max_segments < 0:
                 raise ConfigError(f"segmenter.max_segments must be >= 0; got {self.max_segments}")
+            if self.score not in SCORES:
+                raise ConfigError(f"segmenter.score must be one of {SCORES}; got {self.score!r}")
 
     def __init__(self, config: Config | None = None, *, tokenizer: Any = None) -> None:
         super().__init__(config, tokenizer=tokenizer)
@@ -180,12 +187,18 @@ class KeywordEntropySegmenter(Segmenter):
 
         Returns:
             ``(scores (n,) float64 with NaN on unscored tokens, from_entropies)``: the
-            completion's ``entropies`` when present, else the surprisal ``-gen_logprobs``
-            of the generated tokens (reset-prefix tokens unscored).
+            completion's ``entropies`` when present (and ``score`` is not ``surprisal``), else
+            the surprisal ``-gen_logprobs`` of the generated tokens (reset-prefix tokens
+            unscored).
         """
         c = batch.trajectories[row].completion
         scores = torch.full((n,), float("nan"), dtype=torch.float64)
-        entropies = getattr(c, "entropies", None)
+        entropies = c.entropies if self.config.score != "surprisal" else None
+        if entropies is None and self.config.score == "entropy":
+            raise ValueError(
+                f"row {row}: segmenter.score=entropy but the completion has no entropies (the "
+                "backend did not record them); use score=auto or surprisal"
+            )
         if entropies is not None:
             e = torch.as_tensor(list(entropies), dtype=torch.float64)
             if e.numel() == n:

@@ -95,6 +95,7 @@ def test_thoughts_until_final_marker_with_round_seeds():
     assert _segments(p) == ["a+b" + THOUGHT, "c" + THOUGHT, "so \\boxed{3}" + THOUGHT]
     assert thought_spans(p.response_ids, (D,)) == ((0, 4), (4, 6), (6, 19))
     assert len(p.logprobs) == len(p.response_ids) and p.prefix_len == 0
+    assert p.entropies is None  # the scripted backend records none
     assert p.text == "a+b" + THOUGHT + "c" + THOUGHT + "so \\boxed{3}" + THOUGHT
     # a capped thought without delimiter counts as one thought; EOS ends the row
     assert q.finish_reason == "eos" and _segments(q) == ["zzzz", "w" + THOUGHT, "end<eos>"]
@@ -236,6 +237,8 @@ def test_greedy_thoughts_equal_plain_greedy_and_segments_match_spans(hf):
     for c, p in zip(out, plain):
         assert c.response_ids == p.response_ids[: len(c.response_ids)]  # rounds resume exactly
         assert len(c.logprobs) == len(c.response_ids) == len(c.segment_ids)
+        # entropies join across rounds: those of one plain call, token for token
+        assert c.entropies == pytest.approx(p.entropies[: len(c.response_ids)], abs=1e-4)
         pairs = list(zip(c.response_ids, c.segment_ids))
         segs = [[t for t, s in pairs if s == j] for j in range(max(c.segment_ids) + 1)]
         assert len(segs) <= 5 and all(s for s in segs)
@@ -270,6 +273,7 @@ def test_final_marker_and_resume_from_thought_prefix(hf):
         [resumed] = generate_thoughts(be, [req], sp, base)
         assert resumed.response_ids == c.response_ids and resumed.segment_ids == c.segment_ids
         assert resumed.prefix_len == end and len(resumed.logprobs) == len(c.response_ids) - end
+        assert resumed.entropies == pytest.approx(c.entropies[end:], abs=1e-4)  # none for the prefix
         # a final marker taken from thought 1 ends the row right after that thought
         marker = tok.decode([t for t, s in zip(c.response_ids, c.segment_ids) if s == 1][:1])
         if marker not in tok.decode(c.response_ids[: c.segment_ids.index(1)]):

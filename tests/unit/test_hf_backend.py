@@ -97,6 +97,8 @@ def test_greedy_is_teacher_forced_argmax_and_logprobs_match(backend, mt):
         got = torch.tensor(c.logprobs)
         want = lp.gather(1, torch.tensor(c.response_ids)[:, None]).squeeze(1)
         assert torch.allclose(got, want, atol=1e-4)
+        ent = -(lp.exp() * lp).sum(-1)  # greedy: the entropy at T = 1
+        assert torch.allclose(torch.tensor(c.entropies), ent, atol=1e-4)
 
 
 def test_sampled_logprobs_equal_teacher_forced_at_temperature(backend, mt):
@@ -111,6 +113,9 @@ def test_sampled_logprobs_equal_teacher_forced_at_temperature(backend, mt):
         lp = _teacher_logprobs(model, r.prompt_ids, c.response_ids, 0.7)[c.prefix_len :]
         want = lp.gather(1, torch.tensor(new)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+        ent = -(lp.exp() * lp).sum(-1)  # entropies: at T, before truncation, generated tokens
+        assert len(c.entropies) == len(new)
+        assert torch.allclose(torch.tensor(c.entropies), ent, atol=1e-4)
 
 
 def test_sampled_tokens_stay_in_top_k_and_top_p_sets(backend, mt):
@@ -146,8 +151,9 @@ def test_sample_tokens_truncation_order_and_frequencies():
 
     def draw(top_k=0, top_p=1.0):
         plan = SamplingPlan(1.0, top_p, top_k, 1, (), 0, None, 0, ())
-        tok, lp = sample_tokens(logits, plan, gen)
+        tok, lp, ent = sample_tokens(logits, plan, gen)
         assert torch.allclose(lp, probs.log()[tok], atol=1e-6)  # before truncation
+        assert torch.allclose(ent, -(probs * probs.log()).sum().expand(len(tok)), atol=1e-6)
         return torch.bincount(tok, minlength=4)
 
     assert (draw(top_p=0.75)[2:] == 0).all() and (draw(top_p=0.75)[:2] > 0).all()
@@ -449,3 +455,22 @@ def test_shared_prefill_off_for_other_cache_layers(mt, monkeypatch):
     finally:
         hook.remove()
     _assert_same_samples(a, HFBackend(model=model, tokenizer=tok).generate(reqs, sp))
+
+
+def test_topk_entropy_exact_on_the_head_and_a_lower_bound_on_the_tail():
+    """The vLLM backend's entropy from top-k log-probs (no vLLM needed: entries are plain)."""
+    from types import SimpleNamespace
+
+    from creditlab.backends.vllm_params import topk_entropy
+
+    probs = torch.tensor([0.4, 0.3, 0.1, 0.1, 0.05, 0.05])
+    exact = float(-(probs * probs.log()).sum())
+    entries = {i: SimpleNamespace(logprob=float(p.log()), rank=i + 1) for i, p in enumerate(probs)}
+    assert topk_entropy(entries, -1) == pytest.approx(exact, abs=1e-6)
+    assert topk_entropy(entries, 6) == pytest.approx(exact, abs=1e-6)
+    # top 2 + the tail mass 0.3 at -log p_2 = -log 0.3 nats each
+    head = float(-(probs[:2] * probs[:2].log()).sum())
+    assert topk_entropy(entries, 2) == pytest.approx(head + 0.3 * -float(probs[1].log()), abs=1e-6)
+    assert topk_entropy(entries, 2) <= exact
+    sampled = {**{i: entries[i] for i in range(2)}, 5: entries[5]}  # vLLM adds the sampled token
+    assert topk_entropy(sampled, 2) == topk_entropy(entries, 2)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,13 +27,6 @@ SPLIT = "Let me check: 7+5=12.\n\nWait, 12*3=36. But Butter. Hmm ok Alternativel
 
 
 # ------------------------------------------------------------------------------------ helpers
-@dataclass(frozen=True)
-class EntropyCompletion(Completion):
-    """A completion carrying per-token entropies (the field the backend will add)."""
-
-    entropies: tuple[float, ...] | None = None
-
-
 def _bpe(kind: str):
     """A small BPE tokenizer trained locally: ``byte`` (GPT-2 style) or ``meta`` (SentencePiece
     style ``▁``)."""
@@ -81,11 +74,8 @@ def _traj(tok, prompt, text, reward=0.0, group=0, parsed=None, tf=0, logprobs=No
     ids = tuple(tok.encode(text, add_special_tokens=False)) + ((tok.eos_token_id,) if eos else ())
     lp = tuple(logprobs) if logprobs is not None else tuple(-0.5 for _ in ids[prefix_len:])
     prompt_ids = tuple(tok.encode(prompt, add_special_tokens=False))
-    if entropies is not None:
-        c = EntropyCompletion(prompt_ids, ids, lp, "eos", text, prefix_len=prefix_len,
-                              entropies=tuple(entropies))
-    else:
-        c = Completion(prompt_ids, ids, lp, "eos", text, prefix_len=prefix_len)
+    c = Completion(prompt_ids, ids, lp, "eos", text, prefix_len=prefix_len,
+                   entropies=tuple(entropies) if entropies is not None else None)
     info = {"parsed": parsed, "outcome": "correct" if reward else "wrong"}
     return Trajectory(Problem(f"p{group}", prompt, "36"), c, float(reward), group, tf, "base", info)
 
@@ -189,6 +179,16 @@ def test_uncertain_tokens_start_segments_and_surprisal_is_the_fallback():
     batch = _batch(tok, [_traj(tok, "q", "abcdefghijkl", logprobs=lp, entropies=ent)])
     assert seg.segment(batch).spans[0] == ((0, 3), (3, 12))
     assert seg.metrics()["entropy_score_share"] == 1.0
+    # score: surprisal ignores the entropies; entropy requires them
+    sur = KeywordEntropySegmenter(replace(cfg, score="surprisal"), tokenizer=tok)
+    assert sur.segment(batch).spans[0] == ((0, 7), (7, 12))
+    assert sur.metrics()["entropy_score_share"] == 0.0
+    strict = KeywordEntropySegmenter(replace(cfg, score="entropy"), tokenizer=tok)
+    assert strict.segment(batch).spans[0] == ((0, 3), (3, 12))
+    with pytest.raises(ValueError, match="no entropies"):
+        strict.segment(_batch(tok, [_traj(tok, "q", "abcdefghijkl", logprobs=lp)]))
+    with pytest.raises(ConfigError, match="score"):
+        KeywordEntropySegmenter.Config(score="logit")
     # quantile null: no uncertainty boundaries
     off = KeywordEntropySegmenter(replace(cfg, entropy_quantile=None), tokenizer=tok)
     batch = _batch(tok, [_traj(tok, "q", "abcdefghijkl", logprobs=lp)])

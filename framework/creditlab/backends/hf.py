@@ -6,7 +6,8 @@ only settings are those of :class:`~creditlab.types.SamplingParams`, recorded in
 ``HFBackend.last_effective`` after each call.
 
 Per step (batch of A active rows, vocabulary V): logits (A, V) -> ``log_softmax(logits / T)``
-(T = 1 when greedy) gives the reported log-prob of the chosen token; the token is the argmax
+(T = 1 when greedy) gives the reported log-prob of the chosen token and the reported entropy
+of the step (``Completion.entropies``, one exp and sum over V per step); the token is the argmax
 (``temperature == 0``) or a draw after top-k then top-p truncation of the temperature-scaled
 distribution. Rows are left-padded; ``position_ids`` come from the attention mask, so a row's
 result does not depend on the other rows of the batch (up to float rounding).
@@ -227,13 +228,13 @@ class HFBackend(GenerationBackend):
         n, max_new = len(reqs), plan.max_new_tokens
         contexts = [tuple(r.prompt_ids) + tuple(r.prefix_ids) for r in reqs]
         out_tokens = torch.full((n, max(max_new, 1)), plan.pad_token_id, dtype=torch.long)
-        out_logp = torch.zeros((n, max(max_new, 1)), dtype=torch.float32)
+        out_logp = torch.zeros((2, n, max(max_new, 1)), dtype=torch.float32)  # log-probs, entropies
         lengths = [max_new] * n
         reasons = ["length"] * n
         if max_new > 0:
             self._decode(contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons)
 
-        tokens, logps = out_tokens.tolist(), out_logp.tolist()
+        tokens, (logps, ents) = out_tokens.tolist(), out_logp.tolist()
         responses = [
             tuple(r.prefix_ids) + tuple(tokens[i][: lengths[i]]) for i, r in enumerate(reqs)
         ]
@@ -247,6 +248,7 @@ class HFBackend(GenerationBackend):
                 prompt_ids=tuple(r.prompt_ids),
                 response_ids=responses[i],
                 logprobs=tuple(logps[i][: lengths[i]]),
+                entropies=tuple(ents[i][: lengths[i]]),
                 finish_reason=reasons[i],
                 text=texts[i],
                 prefix_len=len(r.prefix_ids),
@@ -255,8 +257,8 @@ class HFBackend(GenerationBackend):
         ]
 
     def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons) -> None:
-        """The decoding loop; fills ``out_tokens`` / ``out_logp`` (N, max_new) and, per row,
-        ``lengths`` and ``reasons`` (in place)."""
+        """The decoding loop; fills ``out_tokens`` (N, max_new), ``out_logp`` (2, N, max_new:
+        log-probs, then entropies) and, per row, ``lengths`` and ``reasons`` (in place)."""
         n, max_new, pad = len(contexts), plan.max_new_tokens, plan.pad_token_id
         width = max(len(c) for c in contexts)
         ids = torch.tensor([(pad,) * (width - len(c)) + c for c in contexts], device=device)
@@ -319,15 +321,15 @@ class HFBackend(GenerationBackend):
                 if use_cache:
                     cache = out.past_key_values
                 logits = out.logits[:, -1, :]
-            tok, logp = sample_tokens(logits.float(), plan, gen)
+            tok, logp, ent = sample_tokens(logits.float(), plan, gen)
             if all_alive:
                 live = rows.cpu()
                 out_tokens[live, step] = tok.cpu()
-                out_logp[live, step] = logp.cpu()
+                out_logp[:, live, step] = torch.stack([logp, ent]).cpu()
             else:
                 live = rows[alive].cpu()
                 out_tokens[live, step] = tok[alive].cpu()
-                out_logp[live, step] = logp[alive].cpu()
+                out_logp[:, live, step] = torch.stack([logp[alive], ent[alive]]).cpu()
 
             is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
             is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None

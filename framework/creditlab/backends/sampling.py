@@ -82,8 +82,9 @@ class SamplingPlan:
 
 def sample_tokens(
     logits: torch.Tensor, plan: SamplingPlan, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose one token per row and return its log-prob before truncation.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Choose one token per row; return its log-prob and the distribution's entropy, both
+    before truncation.
 
     Args:
         logits: (A, V) float32 next-token logits.
@@ -91,19 +92,21 @@ def sample_tokens(
         gen: RNG for the draws.
 
     Returns:
-        ``(tokens, logprobs)``, both (A,): ``logprobs = log_softmax(logits / T)[token]`` with T = 1
-        when greedy, i.e. before top-k/top-p truncation.
+        ``(tokens, logprobs, entropies)``, each (A,): with ``logp = log_softmax(logits / T)``
+        (T = 1 when greedy), ``logprobs = logp[token]`` and ``entropies = -sum(exp(logp) * logp)``
+        in nats, i.e. of the temperature-scaled distribution before top-k/top-p truncation.
     """
     if plan.greedy:
         tok = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
-        return tok, logp.gather(1, tok[:, None]).squeeze(1)
+        return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, logp.exp())
     scaled = logits / plan.temperature
     logp = torch.log_softmax(scaled, -1)
+    probs_all = logp.exp()
     vocab = scaled.shape[-1]
     k = plan.top_k if 0 < plan.top_k < vocab else 0
     if k == 0 and plan.top_p >= 1:
-        tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+        tok = torch.multinomial(probs_all, 1, generator=gen).squeeze(1)
     else:
         if plan.top_p < 1:
             vals, idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
@@ -118,7 +121,12 @@ def sample_tokens(
             vals, idx = torch.topk(scaled, k, dim=-1)
         choice = torch.multinomial(torch.softmax(vals, -1), 1, generator=gen)
         tok = idx.gather(1, choice).squeeze(1)
-    return tok, logp.gather(1, tok[:, None]).squeeze(1)
+    return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, probs_all)
+
+
+def _entropy(logp: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """(A,) entropy of each row of (A, V) log-probs (tokens of probability 0 add 0, not NaN)."""
+    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:

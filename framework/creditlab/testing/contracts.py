@@ -146,6 +146,9 @@ def check_backend(backend: GenerationBackend, prompt_ids: Sequence[tuple[int, ..
         assert len(c.logprobs) == len(c.response_ids) - c.prefix_len
         assert c.finish_reason in ("eos", "stop", "length")
         assert all(lp <= 1e-6 and math.isfinite(lp) for lp in c.logprobs)
+        if c.entropies is not None:  # optional: one entropy (nats, >= 0) per generated token
+            assert len(c.entropies) == len(c.logprobs)
+            assert all(e >= -1e-5 and math.isfinite(e) for e in c.entropies)
     prefixed = [GenerationRequest(c.prompt_ids, c.response_ids[:2]) for c in out]
     for req, c in zip(prefixed, backend.generate(prefixed, sampling)):
         assert c.response_ids[: len(req.prefix_ids)] == req.prefix_ids and c.prefix_len == len(req.prefix_ids)
