@@ -30,6 +30,7 @@ ATOL = 1e-4
 def setup():
     model, tok = tiny_pair(seed=0)
     vllm_backend = small_engine(model, tok)
+    vllm_backend.config.engine_kwargs = {"max_logprobs": -1}  # entropy_top_k may be -1 per call
     vllm_backend.engine()
     yield model, tok, vllm_backend, HFBackend(model=model, tokenizer=tok)
     vllm_backend.close()
@@ -112,6 +113,48 @@ def test_sampled_logprobs_are_the_trainers_at_the_temperature(setup):
             assert c.logprobs == pytest.approx(new_lp.tolist(), abs=ATOL)
             raw = _teacher(model, r.prompt_ids, c.response_ids)[c.prefix_len :]
             assert (torch.tensor(c.logprobs) - raw).abs().max() > 1e-2  # not T = 1's
+
+
+def _teacher_entropy(model, prompt_ids, response_ids, temperature):
+    """(R,) entropy of softmax(logits / T) before each response token, from a plain forward."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / temperature, -1)
+    return -(lp.exp() * lp).sum(-1)
+
+
+def test_entropies_from_top_logprobs_against_the_exact_ones(setup):
+    """entropy_top_k=-1 is exact (HF's entropies for the same greedy tokens, teacher-forced ones
+    for sampled tokens); a finite k is a lower bound. Prints the measured error (the card's)."""
+    model, tok, vb, hf = setup
+    reqs = _reqs(tok)
+    greedy_hf = _greedy(hf, reqs)
+    sp = SamplingParams(temperature=0.8, max_new_tokens=24, seed=3)
+    try:
+        for k in (-1, 20, 5):
+            vb.config.entropy_top_k = k
+            for a, b in zip(_greedy(vb, reqs), greedy_hf):
+                assert a.response_ids == b.response_ids and len(a.entropies) == len(b.logprobs)
+                if k == -1:
+                    assert a.entropies == pytest.approx(b.entropies, abs=ATOL)
+            errs, exact_all = [], []
+            for c in vb.generate(reqs, sp):
+                exact = _teacher_entropy(model, c.prompt_ids, c.response_ids, 0.8)
+                got = torch.tensor(c.entropies)
+                assert (got <= exact + ATOL).all()  # exact (k = -1) or a lower bound
+                errs.append(exact - got)
+                exact_all.append(exact)
+            err, exact = torch.cat(errs), torch.cat(exact_all)
+            if k == -1:
+                assert err.abs().max() < ATOL
+            print(f"entropy_top_k={k}: mean exact H {exact.mean():.3f} nats, error mean "
+                  f"{err.mean():.4f} max {err.max():.4f}, rank corr "
+                  f"{torch.corrcoef(torch.stack([exact.argsort().argsort().double(), (exact - err).argsort().argsort().double()]))[0, 1]:.3f}")
+        vb.config.entropy_top_k = 0
+        assert all(c.entropies is None for c in _greedy(vb, reqs, n=4))
+    finally:
+        vb.config.entropy_top_k = 20
 
 
 def test_seeds_reproduce_per_request(setup):

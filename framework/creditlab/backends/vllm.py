@@ -19,6 +19,10 @@ The contract, the same as :class:`~creditlab.backends.hf.HFBackend`'s (tested si
   computes; greedy (T = 0) gives ``log_softmax(logits)``, as the HF backend. With truncation
   vLLM returns log-probs of the truncated, renormalised distribution, which are not the
   trainer's: such a call is refused unless ``truncated_logprobs: renormalized`` accepts them.
+* **Entropies** come from the top ``entropy_top_k`` processed log-probs of each step (vLLM
+  returns no full distribution): exact over those tokens, a lower bound for the tail
+  (:func:`~creditlab.backends.vllm_params.topk_entropy`); ``-1`` asks for every token (exact).
+  With accepted truncation they are those of the truncated distribution, as the log-probs.
 * **Stops.** A stop string that is exactly one token (``</thought>`` in the char tokenizer) is
   passed as a stop token id, any other as a vLLM stop string, matched in the *generated* text
   (decoded with special tokens, as the HF backend matches it). The token completing it is kept
@@ -57,7 +61,13 @@ import torch
 
 from creditlab.backends.sampling import check_requests, split_stops, validate_sampling
 from creditlab.backends.snapshot import snapshot_folder, write_snapshot, write_weights
-from creditlab.backends.vllm_params import GREEDY_BELOW, finish_reason, request_seed, vllm_params
+from creditlab.backends.vllm_params import (
+    GREEDY_BELOW,
+    finish_reason,
+    request_seed,
+    topk_entropy,
+    vllm_params,
+)
 from creditlab.errors import ConfigError, InputError
 from creditlab.interfaces import GenerationBackend
 from creditlab.models import merged_state_dict
@@ -103,6 +113,11 @@ class VLLMBackend(GenerationBackend):
         sync_dir: Parent folder of the engine's snapshot; null = ``/dev/shm`` when writable,
             else the system temp folder.
         log_level: ``VLLM_LOGGING_LEVEL`` unless the environment sets it.
+        entropy_top_k: ``Completion.entropies`` from this many top log-probs per token
+            (:func:`~creditlab.backends.vllm_params.topk_entropy`: exact for the top-k, a lower
+            bound for the tail; docs/methods/rredcot.md gives its error against the HF
+            backend's exact entropies); ``-1`` returns every token's log-prob (exact, costly on
+            large vocabularies); ``0`` records no entropies (cheapest).
         engine_kwargs: Extra keyword arguments for ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
         """
 
@@ -117,6 +132,7 @@ class VLLMBackend(GenerationBackend):
         truncated_logprobs: str = "error"
         sync_dir: str | None = None
         log_level: str = "WARNING"
+        entropy_top_k: int = 20
         engine_kwargs: dict = field(default_factory=dict)
 
         def __post_init__(self) -> None:
@@ -129,6 +145,8 @@ class VLLMBackend(GenerationBackend):
                 raise ConfigError(
                     f"backend.dtype must be auto, float32, bfloat16 or float16, got '{self.dtype}'"
                 )
+            if self.entropy_top_k < -1:
+                raise ConfigError(f"backend.entropy_top_k must be >= -1, got {self.entropy_top_k}")
             if not self.kv_cache_gib > 0:
                 raise ConfigError(f"backend.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
             if not vllm_available():  # fail while validating, before anything is loaded
@@ -175,16 +193,18 @@ class VLLMBackend(GenerationBackend):
             "max_new_tokens": int(sampling.max_new_tokens), "stop": tuple(sampling.stop),
             "seed": seed, "greedy": t == 0, "stop_token_ids": stop_ids, "stop_texts": stop_texts,
             "logprobs_mode": "processed_logprobs", "generation_config": "vllm",
+            "entropy_top_k": self.config.entropy_top_k,
         }
         if not requests:
             return []
         if sampling.max_new_tokens == 0:  # vLLM needs max_tokens >= 1
-            return self._completions(requests, [((), (), "length")] * len(requests))
+            return self._completions(requests, [((), (), "length", ())] * len(requests))
 
         llm = self.engine()
         start = time.perf_counter()
+        k = self.config.entropy_top_k
         params = [
-            vllm_params(sampling, top_k, stop_ids, stop_texts, request_seed(seed, i))
+            vllm_params(sampling, top_k, stop_ids, stop_texts, request_seed(seed, i), k)
             for i in range(len(requests))
         ]
         prompts = [{"prompt_token_ids": list(r.prompt_ids) + list(r.prefix_ids)} for r in requests]
@@ -198,7 +218,8 @@ class VLLMBackend(GenerationBackend):
             if c.logprobs is None or len(c.logprobs) != len(ids):
                 raise RuntimeError("vLLM returned no log-prob for some generated tokens")
             logps = tuple(float(d[tok].logprob) for d, tok in zip(c.logprobs, ids))
-            rows.append((ids, logps, finish_reason(c.finish_reason, c.stop_reason)))
+            ents = tuple(topk_entropy(d, k) for d in c.logprobs) if k else None
+            rows.append((ids, logps, finish_reason(c.finish_reason, c.stop_reason), ents))
         results = self._completions(requests, rows)
         self._stats["seconds"] += time.perf_counter() - start
         self._stats["calls"] += 1
@@ -291,6 +312,7 @@ class VLLMBackend(GenerationBackend):
             enable_prefix_caching=cfg.enable_prefix_caching,
             generation_config="vllm",
             logprobs_mode="processed_logprobs",
+            max_logprobs=max(cfg.entropy_top_k, 20) if cfg.entropy_top_k >= 0 else -1,
             trust_remote_code=False,
         )
         if cfg.chunked_prefill is not None:
@@ -339,11 +361,12 @@ class VLLMBackend(GenerationBackend):
         return self.config.max_model_len or native
 
     def _completions(
-        self, requests: Sequence[GenerationRequest], rows: Sequence[tuple[tuple, tuple, str]]
+        self, requests: Sequence[GenerationRequest], rows: Sequence[tuple]
     ) -> list[Completion]:
-        """Completions from ``(generated ids, log-probs, finish reason)`` per request; the text
-        is ``decode(response_ids, skip_special_tokens=True)`` as the HF backend's."""
-        responses = [tuple(r.prefix_ids) + ids for r, (ids, _, _) in zip(requests, rows)]
+        """Completions from ``(generated ids, log-probs, finish reason, entropies or None)`` per
+        request; the text is ``decode(response_ids, skip_special_tokens=True)`` as the HF
+        backend's."""
+        responses = [tuple(r.prefix_ids) + row[0] for r, row in zip(requests, rows)]
         texts = self.tokenizer.batch_decode(
             [list(x) for x in responses], skip_special_tokens=True,
             clean_up_tokenization_spaces=False,
@@ -353,9 +376,10 @@ class VLLMBackend(GenerationBackend):
                 prompt_ids=tuple(r.prompt_ids),
                 response_ids=resp,
                 logprobs=logps,
+                entropies=ents,
                 finish_reason=reason,
                 text=text,
                 prefix_len=len(r.prefix_ids),
             )
-            for r, resp, text, (_, logps, reason) in zip(requests, responses, texts, rows)
+            for r, resp, text, (_, logps, reason, ents) in zip(requests, responses, texts, rows)
         ]

@@ -5,7 +5,8 @@ reasons in creditlab's words."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from creditlab.types import SamplingParams
@@ -32,10 +33,30 @@ def finish_reason(reason: str | None, stop_reason: int | str | None) -> str:
     raise RuntimeError(f"vLLM finished a request with reason {reason!r} ({stop_reason!r})")
 
 
+def topk_entropy(entries: Mapping[int, Any], k: int) -> float:
+    """Entropy (nats) of one step from vLLM's top-``k`` log-probs (``k = -1``: every token).
+
+    ``H_k = -sum p log p`` over the ``k`` most likely tokens (entries of ``rank <= k``; vLLM
+    adds the sampled token when it ranks lower), plus the tail mass ``m = 1 - sum p`` times
+    ``-log p_k`` (each tail token has probability at most ``p_k``, so each of its nats is at
+    least ``-log p_k``): a lower bound, exact when ``k`` covers the vocabulary or ``m = 0``.
+    """
+    lps = sorted((float(e.logprob) for e in entries.values() if k < 0 or (e.rank or 0) <= k),
+                 reverse=True)
+    probs = [math.exp(lp) for lp in lps]
+    head = -sum(p * lp for p, lp in zip(probs, lps) if p > 0)
+    tail = max(0.0, 1.0 - sum(probs))
+    if k < 0 or tail <= 1e-9 or not lps or not math.isfinite(lps[-1]):
+        return head
+    return head + tail * -lps[-1]
+
+
 def vllm_params(
-    sp: SamplingParams, top_k: int, stop_ids: Sequence[int], stop_texts: Sequence[str], seed: int
+    sp: SamplingParams, top_k: int, stop_ids: Sequence[int], stop_texts: Sequence[str], seed: int,
+    logprobs: int = 0,
 ) -> Any:
     """One ``vllm.SamplingParams``, read back and checked against the request before use.
+    ``logprobs``: top log-probs returned per token besides the sampled one (-1: all).
 
     Raises:
         RuntimeError: vLLM would change a setting (e.g. a temperature it treats as greedy).
@@ -45,7 +66,7 @@ def vllm_params(
     want = dict(
         temperature=float(sp.temperature), top_p=float(sp.top_p), top_k=top_k,
         max_tokens=int(sp.max_new_tokens), seed=seed, stop=list(stop_texts),
-        stop_token_ids=list(stop_ids), logprobs=0,
+        stop_token_ids=list(stop_ids), logprobs=logprobs,
     )
     p = VLLMSamplingParams(
         n=1, **want, min_tokens=0, ignore_eos=False, skip_special_tokens=False,
