@@ -29,6 +29,7 @@ from creditlab.errors import InputError
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.models import is_peft, load_policy
 from creditlab.module import CreditAssignmentModule, Parts
+from creditlab.progress import StepProgressBar, quiet_library_output
 from creditlab.rollout import RolloutSampler
 from creditlab.rundir_guard import RunStopped
 
@@ -115,6 +116,11 @@ def _loggers(
                 tags=list(node.get("tags") or []) + list(run_cfg.tags or []) + [run_cfg.method],
             )
         logger = instantiate(node, **kwargs)
+        init = getattr(logger, "_wandb_init", None)  # WandbLogger's wandb.init arguments, still unused
+        if isinstance(init, dict):
+            init.pop("anonymous", None)  # Lightning passes None, which W&B warns about on every run
+            if node.get("offline") and "settings" not in node:  # the run's summary names the offline
+                init["settings"] = {"silent": True}             # run and its sync command
         logger.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), "recorded": recorded or {}})
         loggers.append(logger)
     return loggers
@@ -127,6 +133,7 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     updates = loss.updates_per_batch
     ckpt, global_step = resume_checkpoint(run_cfg.resume, out_dir, updates)  # before the model loads
     L.seed_everything(run_cfg.seed, workers=True, verbose=False)
+    quiet_library_output()
 
     steps = int(cfg.trainer.max_steps)
     task_cls, task_config = checked["task"]
@@ -167,6 +174,8 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     ), StopAtStepEnd(out_dir / "checkpoints" / "interrupted.ckpt")]
     if is_peft(model):
         callbacks.append(AdapterCheckpoint(out_dir / "adapter"))
+    if cfg.trainer.get("enable_progress_bar", True) is not False:
+        callbacks.append(StepProgressBar(steps))
     trainer_cfg = OmegaConf.to_container(cfg.trainer, resolve=True)
     # The step loader yields step indices; the module shards each step's prompts over the ranks.
     trainer_cfg.update(max_steps=steps * updates, max_epochs=-1, default_root_dir=str(out_dir),

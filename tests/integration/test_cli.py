@@ -34,3 +34,22 @@ def test_bad_override_exits_with_message(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown advantage 'nope'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_run_prints_each_line_once_and_counts_rl_steps(tmp_path):
+    """What a newcomer reads (issue 14): a bar over RL steps, no adverts, no library deprecation
+    warnings, W&B's own banner left to the run's summary, and no line printed twice."""
+    cmd = [sys.executable, "-m", "creditlab.cli", "train", *[o for o in SMALL if o != "logger=none"],
+           "logger=wandb", "trainer.max_steps=2", f"run_dir={tmp_path / 'run'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "120"}
+    env.pop("WANDB_SILENT", None)  # the tests' conftest silences W&B; a user's shell does not
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "RL step" in text and "2/2" in text, text[-2000:]
+    for unwanted in ("Epoch 0/", "litlogger", "LeafSpec", "anonymous setting", "v_num", "wandb:"):
+        assert unwanted not in text, (unwanted, text[-3000:])
+    assert "W&B offline run:" in text
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    events = [ln for ln in lines if not ln.startswith(("RL step", "Loading weights", "arith_tiny"))]
+    assert len(events) == len(set(events)), [ln for ln in events if events.count(ln) > 1]
