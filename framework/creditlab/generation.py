@@ -11,6 +11,7 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, SamplingParams, Spans, ThoughtConfig
@@ -120,7 +121,7 @@ def _prefix_spans(req: GenerationRequest, delim: tuple[int, ...]) -> Spans:
             "give one thought index per prefix token (or None)"
         )
     cuts = [0] + [i for i in range(1, len(seg)) if seg[i] != seg[i - 1]] + [len(seg)]
-    return tuple(zip(cuts[:-1], cuts[1:])) if seg else ()
+    return tuple(pairwise(cuts)) if seg else ()
 
 
 def _finished(

@@ -186,7 +186,7 @@ def test_reset_suffix_after_a_capped_seed_thought_has_the_seeds_thought_count():
     from creditlab_resets.buffer import ResetBuffer
 
     class Fixed(ResetSelector):
-        def select(self, trajectory, spans, ctx):  # noqa: ANN001, ANN201
+        def select(self, trajectory, spans, ctx):
             return ResetPoint(1)  # regenerate from thought 1: the prefix is the capped thought
 
     cfg = ThoughtConfig(max_thoughts=3, max_thought_tokens=4)

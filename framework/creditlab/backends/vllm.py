@@ -115,9 +115,9 @@ class VLLMBackend(GenerationBackend):
         log_level: ``VLLM_LOGGING_LEVEL`` unless the environment sets it.
         entropy_top_k: ``Completion.entropies`` from this many top log-probs per token
             (:func:`~creditlab.backends.vllm_params.topk_entropy`: exact for the top-k, a lower
-            bound for the tail; docs/methods/rredcot.md gives its error against the HF
-            backend's exact entropies); ``-1`` returns every token's log-prob (exact, costly on
-            large vocabularies); ``0`` records no entropies (cheapest).
+            bound for the tail; the entropy segmenter's method card gives its error against the
+            HF backend's exact entropies); ``-1`` returns every token's log-prob (exact, costly
+            on large vocabularies); ``0`` records no entropies (cheapest).
         engine_kwargs: Extra keyword arguments for ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
         """
 
