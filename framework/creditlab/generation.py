@@ -148,7 +148,7 @@ def _start(
     if spans and not _finished(prefix[spans[-1][0] :], req, tok, delim, cfg):
         row.thought = len(spans) - 1  # the prefix ends mid-thought: continue that thought
         row.partial = prefix[spans[-1][0] :]
-    if prefix and eos is not None and prefix[-1] == eos:
+    if prefix and eos is not None and prefix[-1] == eos and cfg.end_at_eos:
         row.finish = "eos"
     elif row.thought >= cfg.max_thoughts:
         row.finish = "length"
@@ -168,8 +168,9 @@ def generate_thoughts(
     and ``max_new_tokens=max_thought_tokens`` (``sampling``'s temperature/top-p/top-k are kept,
     its ``max_new_tokens`` is ignored). Round r is seeded with ``round_seed(sampling.seed, r)``
     (a fresh random base seed when ``sampling.seed`` is None). A row ends at EOS
-    (``finish_reason="eos"``), once a thought contains ``final_marker`` (``"stop"``), or once it
-    holds ``max_thoughts`` thoughts (``"length"``).
+    (``finish_reason="eos"``; with ``end_at_eos=False`` the next thought follows the EOS), once a
+    thought contains ``final_marker`` (``"stop"``), or once it holds ``max_thoughts`` thoughts
+    (``"length"``).
 
     Args:
         backend: Any generation backend (only ``generate`` and ``tokenizer`` are used).
@@ -239,7 +240,7 @@ def generate_thoughts(
             text = tok.decode(row.partial + new, skip_special_tokens=True)
             row.partial = []
             row.thought += 1
-            if out.finish_reason == "eos":
+            if out.finish_reason == "eos" and cfg.end_at_eos:
                 row.finish = "eos"
             elif cfg.final_marker and cfg.final_marker in text:
                 row.finish = "stop"

@@ -237,12 +237,16 @@ class ThoughtConfig:
         max_thought_tokens: Token cap of one thought; a thought hitting it without the delimiter
             still counts as a thought.
         final_marker: A thought whose text contains it ends the response (``""`` disables).
+        end_at_eos: A thought ending with EOS ends the response; ``False`` asks for the next
+            thought after it (EOS kept in the tokens) until ``final_marker`` or the thought budget,
+            as the official SRPO thought loop does.
     """
 
     delimiter: str = "</thought>"
     max_thoughts: int = 20
     max_thought_tokens: int = 256
     final_marker: str = "\\boxed{"
+    end_at_eos: bool = True
 
 
 @dataclass
@@ -255,7 +259,8 @@ class RolloutConfig:
         temperature, top_p, top_k: Sampling settings for training rollouts.
         max_new_tokens: Response budget for plain generation.
         thoughts: Generate thought by thought (METHODS.md §2) instead of in one call.
-        delimiter, max_thoughts, max_thought_tokens, final_marker: Thought generation settings.
+        delimiter, max_thoughts, max_thought_tokens, final_marker, end_at_eos: Thought generation
+            settings (:class:`ThoughtConfig`).
         truncation: Completions that hit the budget: ``keep`` (train as is), ``mask`` (no loss on
             them) or ``penalize`` (reward replaced by ``truncation_reward``).
         truncation_reward: Reward given to truncated completions under ``penalize``.
@@ -276,6 +281,7 @@ class RolloutConfig:
     max_thoughts: int = 20
     max_thought_tokens: int = 256
     final_marker: str = "\\boxed{"
+    end_at_eos: bool = True
     truncation: str = "keep"
     truncation_reward: float = 0.0
     success_reward: float = 1.0
@@ -284,6 +290,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if not (self.chat_template == "auto" or isinstance(self.chat_template, bool)):
             raise ValueError(f"rollout.chat_template must be auto, true or false, got {self.chat_template!r}")
+        if not isinstance(self.end_at_eos, bool):
+            raise ValueError(f"rollout.end_at_eos must be true or false, got {self.end_at_eos!r}")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.truncation not in TRUNCATION_POLICIES:
@@ -308,6 +316,7 @@ class RolloutConfig:
             max_thoughts=self.max_thoughts,
             max_thought_tokens=self.max_thought_tokens,
             final_marker=self.final_marker,
+            end_at_eos=self.end_at_eos,
         )
 
     @property

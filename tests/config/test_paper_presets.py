@@ -124,6 +124,8 @@ def test_presets_encode_and_reward_as_the_official_code(name, with_vllm):
     checked, cfg = checked_and_cfg(f"experiment={name}")
     rollout = checked["rollout"]
     assert rollout.chat_template is False
+    # and after a thought ending with EOS asks for the next one (until \boxed{ or the budget)
+    assert rollout.end_at_eos is False and rollout.thought_config.end_at_eos is False
     assert (rollout.truncation, rollout.success_reward) == ("keep", 1.0)
     assert (cfg.verifier.reward_correct, cfg.verifier.reward_wrong) == (1.0, 0.0)
 
@@ -148,5 +150,6 @@ def test_the_plug_in_default_localizes_with_the_rollout_sampling():
     checked, _ = checked_and_cfg("method=srpo")
     assert (checked["reset_selector"][1].top_p, checked["reset_selector"][1].top_k) == (1.0, 0)
     assert checked["reset_selector"][1].problem_field == "" and checked["rollout"].chat_template == "auto"
+    assert checked["rollout"].end_at_eos is True  # the default run ends a chain at EOS
     checked, _ = checked_and_cfg("method=srpo", "rollout.top_p=0.9", "rollout.top_k=20")
     assert (checked["reset_selector"][1].top_p, checked["reset_selector"][1].top_k) == (0.9, 20)

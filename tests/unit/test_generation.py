@@ -108,6 +108,31 @@ def test_thoughts_until_final_marker_with_round_seeds():
     assert len({round_seed(5, r) for r in range(20)}) == 20
 
 
+def test_end_at_eos_false_asks_for_the_next_thought_as_the_official_srpo_loop():
+    """``end_at_eos=False`` (the SRPO paper presets): a thought ending with EOS but no final
+    marker is followed by the next thought, the EOS kept in the tokens, until the marker or the
+    thought budget; a prefix ending with EOS is continued too."""
+    script = [("a<eos>", "eos"), ("b" + THOUGHT, "stop"), ("\\boxed{2}<eos>", "eos"), ("never", "stop")]
+    be = Scripted({"p": list(script), "q": [("<eos>", "eos")] * 3})
+    cfg = ThoughtConfig(max_thoughts=3, end_at_eos=False)
+    p, q = generate_thoughts(be, [GenerationRequest(enc("p")), GenerationRequest(enc("q"))], SamplingParams(seed=0), cfg)
+    assert p.finish_reason == "stop" and _segments(p) == ["a<eos>", "b" + THOUGHT, "\\boxed{2}<eos>"]
+    assert p.response_ids.count(TOK.eos_token_id) == 2 and len(p.logprobs) == len(p.response_ids)
+    assert q.finish_reason == "length" and _segments(q) == ["<eos>"] * 3  # bounded by max_thoughts
+    # the default ends the chain at the first EOS, as before
+    [d] = generate_thoughts(Scripted({"p": list(script)}), [GenerationRequest(enc("p"))], SamplingParams(seed=0),
+                            ThoughtConfig(max_thoughts=3))
+    assert d.finish_reason == "eos" and _segments(d) == ["a<eos>"]
+    # a reset prefix ending with EOS: continued without end_at_eos, finished with it
+    prefix = enc("a<eos>")
+    [c] = generate_thoughts(Scripted({"p": [("\\boxed{1}", "stop")]}), [GenerationRequest(enc("p"), prefix)],
+                            SamplingParams(seed=0), cfg)
+    assert c.finish_reason == "stop" and c.response_ids[: len(prefix)] == prefix and c.prefix_len == len(prefix)
+    [e] = generate_thoughts(Scripted({}), [GenerationRequest(enc("p"), prefix)], SamplingParams(seed=0),
+                            ThoughtConfig(max_thoughts=3))
+    assert e.finish_reason == "eos" and e.response_ids == prefix
+
+
 def test_max_thoughts_counts_prefix_thoughts_and_rows_leave_the_batch():
     be = Scripted(
         {"p": [(f"{i}" + THOUGHT, "stop") for i in range(9)], "q": [("a" + THOUGHT, "stop")] * 9}
