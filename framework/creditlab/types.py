@@ -239,7 +239,7 @@ class ThoughtConfig:
         final_marker: A thought whose text contains it ends the response (``""`` disables).
         end_at_eos: A thought ending with EOS ends the response; ``False`` asks for the next
             thought after it (EOS kept in the tokens) until ``final_marker`` or the thought budget,
-            as the official SRPO thought loop does.
+            as some official thought loops do (docs/paper-presets.md).
     """
 
     delimiter: str = "</thought>"
