@@ -19,7 +19,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from creditlab import Completion, ConfigError, Mean, Problem, Rewards, Sum, Verifier
 
@@ -123,19 +123,103 @@ class OutcomeCounter:
     def add(self, outcome: str) -> None:
         self._counts[outcome] += 1
 
+    def pop(self) -> Counter[str]:
+        """The counts since the last call; resets."""
+        counts, self._counts = self._counts, Counter()
+        return counts
+
     def pop_metrics(self) -> dict[str, float]:
         """``scored``, ``<outcome>_count`` and ``<outcome>_rate`` for every outcome; resets."""
-        total = sum(self._counts.values())
+        counts = self.pop()
+        total = sum(counts.values())
         out: dict[str, float] = {"scored": Sum(total)}
         for outcome in OUTCOMES:
-            count = self._counts[outcome]
+            count = counts[outcome]
             out[f"{outcome}_count"] = Sum(count)
             out[f"{outcome}_rate"] = Mean(count / total if total else 0.0)
-        self._counts.clear()
         return out
 
 
-class MathVerifyVerifier(Verifier):
+class PooledVerifier(Verifier):
+    """A verifier whose per-completion check runs in :class:`CheckPool` workers under the hard
+    limit ``config.timeout_s`` (the config also has ``workers``): ``score``, ``metrics`` and
+    ``close`` shared by the math and arith verifiers and open to a plug-in's.
+
+    A subclass names its check, ``CHECK = "module:function"``, called in a worker as
+    ``function(gold, text, *self._extra())`` and returning the completion's info dict
+    (``{"outcome", "parsed", ...}``); ``INFO_DEFAULTS`` fills keys an info dict made by the pool
+    (``timeout``/``error``) lacks; :meth:`_reward` maps correctness to a reward (default
+    ``config.reward_correct`` / ``config.reward_wrong``).
+
+    Keyword Args:
+        worker_initializer: Optional callable, importable by name, run once in every worker
+            (e.g. :func:`creditlab_math.testing.inject_faults` in tests).
+        worker_initargs: Arguments for ``worker_initializer``.
+    """
+
+    CHECK: ClassVar[str]
+    INFO_DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(
+        self,
+        config: Any | None = None,
+        *,
+        worker_initializer: Callable | None = None,
+        worker_initargs: tuple = (),
+    ) -> None:
+        super().__init__(config)
+        self._checks = CheckPool(
+            self.CHECK, self.config.timeout_s, self.config.workers,
+            **self._pool_options(worker_initializer, tuple(worker_initargs)),
+        )
+        self._counter = OutcomeCounter()
+
+    def _pool_options(self, initializer: Callable | None, initargs: tuple) -> dict[str, Any]:
+        """Keyword arguments of the :class:`CheckPool`."""
+        return {"initializer": initializer, "initargs": initargs}
+
+    def _extra(self) -> tuple:
+        """Arguments the check gets after ``(gold, text)``."""
+        return ()
+
+    def _reward(self, correct: bool) -> float:
+        return self.config.reward_correct if correct else self.config.reward_wrong
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
+        """One reward per (problem, completion) pair; blocks until every item is done.
+
+        Raises:
+            ValueError: If the two sequences differ in length.
+            RuntimeError: If the workers cannot start (e.g. a missing dependency), or after
+                :meth:`close`.
+        """
+        _pair_check(problems, completions, type(self).__name__)
+        extra = self._extra()
+        items = [
+            (str(p.answer), c.text if isinstance(c.text, str) else "", *extra)
+            for p, c in zip(problems, completions)
+        ]
+        values, info = [], []
+        for entry in self._checks.run(items):
+            for key, value in self.INFO_DEFAULTS.items():
+                entry.setdefault(key, value)
+            self._counter.add(entry["outcome"])
+            values.append(self._reward(entry["outcome"] == "correct"))
+            info.append(entry)
+        return Rewards(values=tuple(values), info=tuple(info))
+
+    def metrics(self) -> dict[str, float]:
+        """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
+        out = self._counter.pop_metrics()
+        out["worker_restarts"] = Sum(self._checks.new_restarts())
+        return out
+
+    def close(self) -> None:
+        """Stop the worker processes (also done on garbage collection and at exit)."""
+        self._checks.close()
+
+
+class MathVerifyVerifier(PooledVerifier):
     """Symbolic answer checking with HuggingFace ``math-verify``, in worker processes.
 
     math-verify's own timeouts use ``SIGALRM`` (they raise outside the main thread, and their
@@ -202,21 +286,12 @@ class MathVerifyVerifier(Verifier):
                 except re.error as exc:
                     raise ConfigError(f"verifier.answer_regex does not compile: {exc}") from exc
 
-    def __init__(
-        self,
-        config: Any | None = None,
-        *,
-        worker_initializer: Callable | None = None,
-        worker_initargs: tuple = (),
-    ) -> None:
-        super().__init__(config)
-        cfg = self.config
-        self._checks = CheckPool(
-            "creditlab_math.mathverify_worker:check_completion", cfg.timeout_s, cfg.workers,
-            initializer=setup, initargs=(worker_initializer, tuple(worker_initargs)),
-            pipeline=0,  # seconds-long items: an idle worker should take the next one
-        )
+    CHECK = "creditlab_math.mathverify_worker:check_completion"
+
+    def __init__(self, config: Any | None = None, **workers: Any) -> None:
+        super().__init__(config, **workers)
         self._pool = self._checks.pool
+        cfg = self.config
         self._options = {
             "extraction": cfg.extraction,
             "answer_regex": cfg.answer_regex,
@@ -224,40 +299,17 @@ class MathVerifyVerifier(Verifier):
             "numeric_precision": cfg.numeric_precision,
             "strict": cfg.strict,
         }
-        self._counter = OutcomeCounter()
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
-        """One reward per (problem, completion) pair; blocks until every item is done.
+    def _pool_options(self, initializer: Callable | None, initargs: tuple) -> dict[str, Any]:
+        # math-verify is set up in each worker first (its SIGALRM timeouts off); seconds-long
+        # items: an idle worker should take the next one
+        return {"initializer": setup, "initargs": (initializer, initargs), "pipeline": 0}
 
-        Raises:
-            ValueError: If the two sequences differ in length.
-            RuntimeError: If the workers cannot start (e.g. math-verify missing) or after close.
-        """
-        _pair_check(problems, completions, type(self).__name__)
-        items = [
-            (str(p.answer), c.text if isinstance(c.text, str) else "", self._options)
-            for p, c in zip(problems, completions)
-        ]
-        values, info = [], []
-        for entry in self._checks.run(items):
-            correct = entry["outcome"] == "correct"
-            values.append(self.config.reward_correct if correct else self.config.reward_wrong)
-            self._counter.add(entry["outcome"])
-            info.append(entry)
-        return Rewards(values=tuple(values), info=tuple(info))
-
-    def metrics(self) -> dict[str, float]:
-        """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
-        out = self._counter.pop_metrics()
-        out["worker_restarts"] = Sum(self._checks.new_restarts())
-        return out
-
-    def close(self) -> None:
-        """Stop the worker processes (also done on garbage collection and at exit)."""
-        self._checks.close()
+    def _extra(self) -> tuple:
+        return (self._options,)
 
 
-class GSM8KVerifier(Verifier):
+class GSM8KVerifier(PooledVerifier):
     """GSM8K-style numeric answer checking (:func:`creditlab_math.extract.gsm8k_check`).
 
     Gold: the text after the last ``####`` of ``problem.answer`` (or all of it when there is no
@@ -302,60 +354,23 @@ class GSM8KVerifier(Verifier):
                     f"verifier.tolerance must be a number >= 0; got {self.tolerance!r}"
                 )
 
-    def __init__(
-        self,
-        config: Any | None = None,
-        *,
-        worker_initializer: Callable | None = None,
-        worker_initargs: tuple = (),
-    ) -> None:
+    CHECK = "creditlab_math.extract:gsm8k_check"
+    INFO_DEFAULTS: ClassVar[dict[str, Any]] = {"source": None}
+
+    def __init__(self, config: Any | None = None, **workers: Any) -> None:
         """Keyword Args: ``worker_initializer``, ``worker_initargs``: as for
-        :class:`MathVerifyVerifier` (e.g. :func:`creditlab_math.testing.inject_faults` with
+        :class:`PooledVerifier` (e.g. :func:`creditlab_math.testing.inject_faults` with
         ``target="creditlab_math.extract:gsm8k_check"``)."""
-        super().__init__(config)
-        cfg = self.config
-        self._checks = CheckPool(
-            "creditlab_math.extract:gsm8k_check", cfg.timeout_s, cfg.workers,
-            initializer=worker_initializer, initargs=worker_initargs,
-        )
+        super().__init__(config, **workers)
         self._options = {
-            "fallback_last_number": cfg.fallback_last_number,
-            "tolerance": cfg.tolerance,
+            "fallback_last_number": self.config.fallback_last_number,
+            "tolerance": self.config.tolerance,
         }
-        self._counter = OutcomeCounter()
 
     def check(self, gold_text: str, text: str) -> dict[str, Any]:
         """Score one completion in this process (no time limit; :meth:`score` has one):
         ``{"parsed", "outcome", "source", "error"?}``."""
         return gsm8k_check(gold_text, text, self._options)
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> Rewards:
-        """One reward per (problem, completion) pair; blocks until every item is done.
-
-        Raises:
-            ValueError: If the two sequences differ in length.
-            RuntimeError: If the workers cannot start, or after :meth:`close`.
-        """
-        _pair_check(problems, completions, type(self).__name__)
-        items = [
-            (str(p.answer), c.text if isinstance(c.text, str) else "", self._options)
-            for p, c in zip(problems, completions)
-        ]
-        values, info = [], []
-        for entry in self._checks.run(items):
-            entry.setdefault("source", None)
-            self._counter.add(entry["outcome"])
-            correct = entry["outcome"] == "correct"
-            values.append(self.config.reward_correct if correct else self.config.reward_wrong)
-            info.append(entry)
-        return Rewards(values=tuple(values), info=tuple(info))
-
-    def metrics(self) -> dict[str, float]:
-        """``scored``, ``<outcome>_count``/``_rate`` and ``worker_restarts`` since the last call."""
-        out = self._counter.pop_metrics()
-        out["worker_restarts"] = Sum(self._checks.new_restarts())
-        return out
-
-    def close(self) -> None:
-        """Stop the worker processes (also done on garbage collection and at exit)."""
-        self._checks.close()
+    def _extra(self) -> tuple:
+        return (self._options,)
