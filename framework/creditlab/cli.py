@@ -94,6 +94,13 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
             keys = [str(k) for k in node.keys()]
         except Exception:
             keys = []
+        if leaf in keys:  # the key exists; the value (a mapping) adds keys the node does not have
+            inner = re.search(r"Key '([^']+)' is not in struct", cause)
+            given = next((o.lstrip("+") for o in overrides if o.lstrip("+~").startswith(path + "=")), f"{path}=...")
+            return (
+                f"'{path}' has no key '{inner.group(1) if inner else '?'}': a value that adds keys needs a "
+                f"leading '+': '+{given}' (or one key at a time, e.g. '+{path}.<key>=<value>')."
+            )
         hint = closest(leaf, keys)
         where = f"'{parent}'" if parent else "the top level"
         owners = _options_with_key(parent, leaf)

@@ -26,6 +26,14 @@ def test_misspelt_nested_key(capsys):
     assert "unknown config key 'trainer.max_stpes'" in err and "Did you mean 'trainer.max_steps'" in err
 
 
+def test_a_mapping_value_adding_keys_names_the_plus(capsys):
+    """The key exists; its value adds keys (was: "unknown config key 'model.recipe_args'. Did you
+    mean 'model.recipe_args'?")."""
+    err = _message(capsys, ["model.recipe_args={seed: 1}"])
+    assert "'model.recipe_args' has no key 'seed'" in err and "'+model.recipe_args={seed: 1}'" in err
+    assert "Did you mean" not in err and err.count("\n") == 1
+
+
 def test_misspelt_top_level_key(capsys):
     err = _message(capsys, ["seeed=3"])
     assert "Did you mean 'seed'" in err
