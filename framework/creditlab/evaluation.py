@@ -1,15 +1,21 @@
 """Held-out evaluation: greedy pass@1 and the unbiased pass@k estimator.
 
 pass@k follows Chen et al. 2021 (arXiv 2107.03374): with n samples of which c are correct,
-pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems.
+pass@k = 1 - C(n-c, k) / C(n, k), averaged over problems. Besides the means, every scored problem's
+outcome (:class:`ProblemOutcomes`) goes to the run's ``eval_problems.jsonl``, so that
+``creditlab compare`` can pair runs problem by problem.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from math import comb
+from typing import Any
 
+import torch.distributed as dist
+
+from creditlab.distributed import rank_and_world
 from creditlab.interfaces import GenerationBackend, PolicyHandle, Verifier
 from creditlab.rollout import sample
 from creditlab.types import GenerationRequest, Mean, Problem, RolloutConfig, Sum
@@ -79,6 +85,69 @@ def _solve(
     return [rewards[i * repeats : (i + 1) * repeats] for i in range(len(problems))]
 
 
+@dataclass
+class ProblemOutcomes:
+    """Every scored problem's outcome in one evaluation, in the order of the test rows.
+
+    Attributes:
+        ids: The problems' ids.
+        greedy: 1 where the greedy answer was right, else 0.
+        correct: Correct samples per problem (empty without ``eval.samples``).
+    """
+
+    ids: list[str] = field(default_factory=list)
+    greedy: list[int] = field(default_factory=list)
+    correct: list[int] = field(default_factory=list)
+
+    def record(self, step: int, samples: int) -> dict[str, Any]:
+        """The ``eval_problems.jsonl`` line of this evaluation (:mod:`creditlab.problem_records`)."""
+        return {"step": step, "samples": samples, "ids": self.ids, "greedy": self.greedy, "correct": self.correct}
+
+
+def gather_outcomes(mine: ProblemOutcomes) -> ProblemOutcomes:
+    """Every rank's outcomes, concatenated in rank order (a collective; identity in one process).
+    The ranks score contiguous shares (:func:`creditlab.distributed.shard`), so rank order is
+    the test rows' order."""
+    world = rank_and_world()[1]
+    if world == 1:
+        return mine
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, mine)
+    return ProblemOutcomes(*([x for part in parts for x in getattr(part, name)] for name in ("ids", "greedy", "correct")))
+
+
+def evaluate_problems(
+    backend: GenerationBackend,
+    verifier: Verifier,
+    ctx: PolicyHandle,
+    problems: Sequence[Problem],
+    cfg: EvalConfig,
+    rollout: RolloutConfig,
+    seed: int,
+) -> tuple[dict[str, float], ProblemOutcomes]:
+    """:func:`evaluate`'s metrics and every scored problem's outcome (for paired comparisons:
+    every run of a sweep scores the same problems)."""
+    problems = list(problems[: cfg.problems] if cfg.problems else problems)
+    if not problems:
+        return {}, ProblemOutcomes()
+    verifier.reset_metrics()  # training counts were logged already; start clean
+    greedy = _solve(backend, verifier, ctx, problems, 1, rollout, 0.0, seed, cfg.batch_size)
+    outcomes = ProblemOutcomes([p.id for p in problems], [int(r[0] > 0.5) for r in greedy])
+    out = {
+        "eval/pass@1": Mean(sum(outcomes.greedy) / len(problems)),
+        "eval/problems": Sum(len(problems)),
+    }
+    if cfg.samples:
+        sampled = _solve(
+            backend, verifier, ctx, problems, cfg.samples, rollout, cfg.temperature, seed, cfg.batch_size
+        )
+        correct = outcomes.correct = [sum(x > 0.5 for x in r) for r in sampled]
+        out[f"eval/pass@{cfg.k}"] = Mean(sum(pass_at_k(cfg.samples, c, cfg.k) for c in correct) / len(problems))
+        out["eval/sample_accuracy"] = Mean(sum(correct) / (cfg.samples * len(problems)))
+    out.update({f"eval/verifier/{k}": v for k, v in verifier.metrics().items()})
+    return out, outcomes
+
+
 def evaluate(
     backend: GenerationBackend,
     verifier: Verifier,
@@ -94,21 +163,4 @@ def evaluate(
     A reward > 0.5 counts as solved. Verifier outcome metrics are drained and not mixed into the
     training counts.
     """
-    problems = list(problems[: cfg.problems] if cfg.problems else problems)
-    if not problems:
-        return {}
-    verifier.reset_metrics()  # training counts were logged already; start clean
-    greedy = _solve(backend, verifier, ctx, problems, 1, rollout, 0.0, seed, cfg.batch_size)
-    out = {
-        "eval/pass@1": Mean(sum(r[0] > 0.5 for r in greedy) / len(problems)),
-        "eval/problems": Sum(len(problems)),
-    }
-    if cfg.samples:
-        sampled = _solve(
-            backend, verifier, ctx, problems, cfg.samples, rollout, cfg.temperature, seed, cfg.batch_size
-        )
-        correct = [sum(x > 0.5 for x in r) for r in sampled]
-        out[f"eval/pass@{cfg.k}"] = Mean(sum(pass_at_k(cfg.samples, c, cfg.k) for c in correct) / len(problems))
-        out["eval/sample_accuracy"] = Mean(sum(correct) / (cfg.samples * len(problems)))
-    out.update({f"eval/verifier/{k}": v for k, v in verifier.metrics().items()})
-    return out
+    return evaluate_problems(backend, verifier, ctx, problems, cfg, rollout, seed)[0]

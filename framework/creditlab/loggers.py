@@ -1,4 +1,5 @@
-"""Run-directory logging: ``metrics.jsonl`` beside whatever Lightning loggers are configured."""
+"""Run-directory logging: ``metrics.jsonl`` (and ``eval_problems.jsonl``) beside whatever Lightning
+loggers are configured."""
 
 from __future__ import annotations
 
@@ -11,24 +12,38 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
+from creditlab.problem_records import PROBLEMS_FILE
+
+
+def _step(line: str) -> float:
+    """The ``step`` of a line (0 when it has none); infinite for a blank line or one that does not
+    parse (cut off by a kill mid-write), so that a resume drops it."""
+    try:
+        return json.loads(line).get("step", 0) if line.strip() else math.inf
+    except json.JSONDecodeError:
+        return math.inf
+
 
 class JsonlLogger(Logger):
-    """Appends one JSON object per ``log_metrics`` call: ``{"step": s, "wall": t, **metrics}``.
+    """Appends one JSON object per ``log_metrics`` call: ``{"step": s, "wall": t, **metrics}``, and
+    per evaluation every problem's outcome to ``eval_problems.jsonl`` beside it (:meth:`log_problems`).
 
     Args:
         path: The ``metrics.jsonl`` file.
         resume_step: When resuming, lines with ``step > resume_step`` (logged after the checkpoint
-            the run resumes from) are dropped first, so the file matches an uninterrupted run.
+            the run resumes from) are dropped first from both files, so they match an
+            uninterrupted run.
     """
 
     def __init__(self, path: str | Path, resume_step: int | None = None) -> None:
         super().__init__()
         self.path = Path(path)
+        self.problems_path = self.path.with_name(PROBLEMS_FILE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists() and rank_zero_only.rank == 0:
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+        for file in (self.path, self.problems_path):
+            if resume_step is not None and file.exists() and rank_zero_only.rank == 0:
+                keep = [line for line in file.read_text().splitlines() if _step(line) <= resume_step]
+                file.write_text("".join(line + "\n" for line in keep))
         self._start = time.time()
 
     @property
@@ -51,6 +66,20 @@ class JsonlLogger(Logger):
             row[key] = value if math.isfinite(value) else str(value)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+    @rank_zero_only
+    def log_problems(self, record: dict[str, Any]) -> None:
+        """Append one evaluation's per-problem line (format: :mod:`creditlab.problem_records`)."""
+        with self.problems_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def log_problems(loggers: list[Any], record: dict[str, Any]) -> None:
+    """Hand one evaluation's per-problem record to the run's :class:`JsonlLogger` (none: a module
+    outside a Trainer); an evaluation that scored nothing writes no line."""
+    for logger in loggers:
+        if isinstance(logger, JsonlLogger) and record["ids"]:
+            logger.log_problems(record)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

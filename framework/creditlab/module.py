@@ -26,7 +26,7 @@ import torch
 from creditlab.aggregation import MiniBatchStats
 from creditlab.credit import CreditMetrics
 from creditlab.distributed import all_max, all_sum, gradient_sync, rank_and_world, reduce_metrics, shard
-from creditlab.evaluation import EvalConfig, evaluate
+from creditlab.evaluation import EvalConfig, evaluate_problems, gather_outcomes
 from creditlab.forward import response_logits as shared_prompt_logits
 from creditlab.interfaces import (
     AdvantageEstimator,
@@ -37,6 +37,7 @@ from creditlab.interfaces import (
     Segmenter,
     Verifier,
 )
+from creditlab.loggers import log_problems
 from creditlab.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
 from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutSampler, collate, with_segments
@@ -184,15 +185,16 @@ class CreditAssignmentModule(L.LightningModule):
             self.run_evaluation(self.rl_step)
 
     def run_evaluation(self, step: int) -> dict[str, float]:
-        """Evaluate on this rank's share of the held-out problems; log the global metrics."""
+        """Evaluate this rank's share of the held-out problems; log the metrics and per-problem outcomes."""
         count = self.eval_cfg.problems or len(self.eval_problems)
         mine = shard(self.eval_problems[:count], *rank_and_world())
-        metrics = evaluate(
+        metrics, outcomes = evaluate_problems(
             self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
             mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
         )
         metrics = reduce_metrics(metrics, weight=len(mine))
         self.log_metrics(metrics, step)
+        log_problems(self.loggers, gather_outcomes(outcomes).record(step, self.eval_cfg.samples))  # collective
         return metrics
 
     # -- the RL step -----------------------------------------------------------------------------
