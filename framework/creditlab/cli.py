@@ -244,6 +244,9 @@ def compare(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of those resamples (default: 0)")
     parser.add_argument("--include-unfinished", action="store_true",
                         help="also count running, killed, crashed and partial runs that have evaluations")
+    parser.add_argument("--at-equal", default=None, metavar="KEY",
+                        help="compare each pair of runs at an equal budget of a cumulative counter, e.g. tokens/trained "
+                        "(default: at their last evaluations)")
     args = parser.parse_args(argv)
     by = [k.strip() for k in args.by.split(",") if k.strip()]
     if not by:
@@ -257,7 +260,7 @@ def compare(argv: list[str]) -> None:
 
     try:
         result = run_compare(args.paths, by, args.baseline, args.threshold, args.metric, args.bootstrap,
-                             args.seed, args.include_unfinished)
+                             args.seed, args.include_unfinished, args.at_equal)
     except CompareError as exc:
         _error(str(exc))
     print_summary(result, write_report(result, args.out))

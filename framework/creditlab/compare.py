@@ -4,7 +4,10 @@ Reading and classifying runs is :mod:`creditlab.rundirs`; the statistics are :mo
 rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.report`. ``docs/comparing.md``
 explains every number. The entry point is :func:`compare`; it returns a :class:`Comparison` that
 holds every run (used or not, with its reason), the per-group statistics, the tests against the
-baseline (:mod:`creditlab.significance`) and the aggregated learning curves.
+baseline (:mod:`creditlab.significance`) and the aggregated learning curves. Where the runs pair by
+seed and recorded every problem's outcome (``eval_problems.jsonl``), each group is also tested
+problem by problem over seeds x problems (:mod:`creditlab.problem_records`), at the last
+evaluations or at an equal budget of a cumulative counter (``--at-equal``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ import numpy as np
 
 from creditlab import significance, stats
 from creditlab.errors import closest
+from creditlab.problem_records import (
+    ProblemTest,
+    check_budget_key,
+    matched_steps,
+    paired_problem_test,
+    read_records,
+    value_at,
+)
 from creditlab.rundirs import (
     AXES,
     REWARD,
@@ -112,6 +123,7 @@ class Comparison:
     tests: list[Test]
     curves: dict[tuple[str, str], dict[str, Band]]
     warnings: list[str]
+    problem_tests: list[ProblemTest] = field(default_factory=list)
 
     @property
     def baseline(self) -> str:
@@ -235,6 +247,34 @@ def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: in
     return tests
 
 
+def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: str | None, resamples: int,
+                  seed: int) -> tuple[list[ProblemTest], list[Test]]:
+    """Per non-baseline group: the seeds x problems test (:mod:`creditlab.problem_records`) where
+    the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the seed-level
+    sign-flip test of the metric at the budget-matched evaluations."""
+    records = {r.path: read_records(r.path) for g in groups for r in g.used}
+    out, at_budget = [], []
+    for g in groups:
+        if g is base:
+            continue
+        paired, _, _, note = _pairing(g, base, "final")
+        if not paired:
+            out.append(ProblemTest(g.label, "—", None, f"no per-problem test: {note}"))
+            at_budget += [Test(g.label, f"at equal {key}", None, note)] if key else []
+            continue
+        common = {s for s, _ in g.values["final"]} & {s for s, _ in base.values["final"]}
+        runs, base_runs = ({r.seed: r for r in grp.used if r.seed in common} for grp in (g, base))
+        out.append(paired_problem_test(g.label, runs, base_runs, metric, key, records, resamples, seed))
+        if key:
+            steps = [(s, *matched_steps(runs[s], base_runs[s], metric, key)) for s in sorted(common, key=str)]
+            gv = [value_at(runs[s], metric, a) for s, a, _, _ in steps]
+            bv = [value_at(base_runs[s], metric, b) for s, _, b, _ in steps]
+            result = significance.paired_test(gv, bv, resamples, seed)
+            note += f"; {out[-1].at}" + (f"; with {result.n} no result can reach p < {ALPHA}" if result.p_min > ALPHA else "")
+            at_budget.append(Test(g.label, f"at equal {key}", result, note))
+    return out, at_budget
+
+
 def _pick_baseline(labels: list[str], runs: list[Run], by: list[str], wanted: str | None) -> str:
     """``wanted`` (a label, or comma-joined values of the ``--by`` keys); by default the first
     group whose ``method`` is ``grpo``, else the first group with a usable run."""
@@ -276,6 +316,7 @@ def compare(
     resamples: int = 10000,
     seed: int = 0,
     include_unfinished: bool = False,
+    at_equal: str | None = None,
 ) -> Comparison:
     """Find, read, group and aggregate runs; test each group against the baseline.
 
@@ -289,9 +330,13 @@ def compare(
             random arrangements of a Monte Carlo test (when exact enumeration is too large).
         seed: Generator seed of those draws.
         include_unfinished: Count running/killed/crashed/partial runs with evaluations.
+        at_equal: A cumulative counter (``tokens/trained``): the per-problem test, and a seed-level
+            test beside final and AUC, compare each pair of runs at an equal budget of it
+            (:func:`creditlab.problem_records.matched_steps`); None: at the last evaluations.
 
     Raises:
-        CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group.
+        CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group, an
+            ``--at-equal`` key that is not a logged cumulative counter.
     """
     by = list(by)
     runs = [load_run(p) for p in find_runs(paths)]
@@ -299,6 +344,8 @@ def compare(
     _check_metric(runs, metric)
     warnings = assign_groups(runs, by)
     select_used(runs, metric, include_unfinished)
+    if at_equal is not None:
+        check_budget_key([r for r in runs if r.used] or runs, at_equal)
     warnings += config_mismatches([r for r in runs if r.used], by)
     labels = sorted({r.group for r in runs})
     base_label = _pick_baseline(labels, runs, by, baseline)
@@ -328,5 +375,7 @@ def compare(
               for m in (metric, REWARD) for axis in AXES}
     settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
                 "threshold": threshold, "threshold_source": source, "resamples": resamples, "seed": seed,
-                "include_unfinished": include_unfinished}
-    return Comparison(settings, runs, groups, significance_tests(groups, base, resamples, seed), curves, warnings)
+                "include_unfinished": include_unfinished, "at_equal": at_equal}
+    per_problem, at_budget = problem_tests(groups, base, metric, at_equal, resamples, seed)
+    return Comparison(settings, runs, groups, significance_tests(groups, base, resamples, seed) + at_budget, curves,
+                      warnings, per_problem)

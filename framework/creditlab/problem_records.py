@@ -14,18 +14,21 @@ for ``metrics.jsonl``)::
 method against the baseline over seeds x problems (:func:`creditlab.significance.crossed_bootstrap`).
 
 ``--at-equal KEY`` compares two runs at the same budget of a cumulative counter instead of at
-their last evaluations: :func:`matched_steps`.
+their last evaluations: :func:`matched_steps`. :func:`paired_problem_test` builds the
+seeds x problems differences and tests them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from creditlab.errors import closest
 from creditlab.rundirs import AXES, CompareError, Run
+from creditlab.significance import CrossedTest, crossed_bootstrap
 
 PROBLEMS_FILE = "eval_problems.jsonl"
 #: Counters a run logs as running totals (``--at-equal`` may name them): every x-axis but the step.
@@ -117,3 +120,95 @@ def matched_steps(a: Run, b: Run, metric: str, key: str | None) -> tuple[int, in
                                f"{key}={budget:g} (does it log {key}?)")
         steps.append(within[-1])
     return steps[0], steps[1], budget
+
+
+def value_at(run: Run, metric: str, step: int) -> float:
+    """``metric`` of ``run``'s evaluation at ``step`` (its last row there)."""
+    values = [row[metric] for row in run.rows if row.get("step") == step and isinstance(row.get(metric), (int, float))]
+    return float(values[-1])
+
+
+@dataclass
+class ProblemTest:
+    """One group against the baseline over seeds x problems (``result`` None: no test, ``note``
+    says why).
+
+    Attributes:
+        label: The group.
+        at: Where the runs were compared, e.g. ``last evaluation (step 80)``.
+        result: The crossed bootstrap of the per-problem differences.
+        note: Pairing, outcome and anything left out.
+        steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``.
+    """
+
+    label: str
+    at: str
+    result: CrossedTest | None
+    note: str
+    steps: list[tuple[Any, int, int, float]] = field(default_factory=list)
+
+
+def _span(values: list[int]) -> str:
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def describe_steps(steps: list[tuple[Any, int, int, float]], key: str | None) -> str:
+    """``last evaluation (step 80)`` or ``equal tokens/trained <= 1.2e+05 (steps 60–80; baseline 80)``."""
+    if not steps:
+        return "—"
+    g, b = _span([s[1] for s in steps]), _span([s[2] for s in steps])
+    where = f"step {g}" if g == b else f"steps {g}; baseline {b}"
+    if key is None:
+        return f"last evaluation ({where})"
+    budgets = [s[3] for s in steps]
+    budget = f"{min(budgets):.4g}" if min(budgets) == max(budgets) else f"{min(budgets):.4g}–{max(budgets):.4g}"
+    return f"equal {key} <= {budget} ({where})"
+
+
+def paired_problem_test(
+    label: str, runs: dict[Any, Run], base_runs: dict[Any, Run], metric: str, key: str | None,
+    records: dict[Path, dict[int, dict[str, Any]]], resamples: int = 10000, seed: int = 0,
+) -> ProblemTest:
+    """Test a group against the baseline problem by problem.
+
+    For every seed ``s`` both have (``runs`` and ``base_runs`` map the paired seeds to their run)
+    and every problem ``p`` recorded by all of these runs: ``d[s, p]`` = outcome of the group's run
+    minus the baseline run's, each at the step :func:`matched_steps` picks; then
+    :func:`~creditlab.significance.crossed_bootstrap` of ``d``.
+
+    Args:
+        records: ``run path -> read_records(run path)`` (read once per run).
+    """
+    seeds = sorted(runs, key=str)
+    steps = [(s, *matched_steps(runs[s], base_runs[s], metric, key)) for s in seeds]
+    at = describe_steps(steps, key)
+    if metric not in OUTCOMES:
+        return ProblemTest(label, at, None, f"no per-problem test: {metric} has no per-problem outcome "
+                           f"(these have: {', '.join(OUTCOMES)})", steps)
+    pairs = []
+    for s, step, base_step, _ in steps:
+        pair = []
+        for run, at_step in ((runs[s], step), (base_runs[s], base_step)):
+            record = records.get(run.path, {}).get(at_step)
+            outcome = None if record is None else outcomes(record, metric)
+            if outcome is None:
+                why = (f"no {PROBLEMS_FILE} (runs older than per-problem records have none)" if not records.get(run.path)
+                       else f"no {PROBLEMS_FILE} line for step {at_step}" if record is None
+                       else f"no samples recorded at step {at_step} (eval.samples=0)")
+                return ProblemTest(label, at, None, f"no per-problem test: run {run.name} has {why}", steps)
+            pair.append(outcome)
+        pairs.append(pair)
+    shared = set.intersection(*(set(o) for pair in pairs for o in pair))
+    ids = [i for i in pairs[0][0] if i in shared]  # the test rows' order
+    if not ids:
+        return ProblemTest(label, at, None, "no per-problem test: the runs share no problem id", steps)
+    d = [[g[i] - b[i] for i in ids] for g, b in pairs]
+    result = crossed_bootstrap(d, resamples, seed)
+    total = max(len(o) for pair in pairs for o in pair)
+    note = (f"paired on seeds {', '.join(map(str, seeds))} x {len(ids)} problems; outcome {OUTCOMES[metric]}"
+            + (f"; {total - len(ids)} problem(s) not scored by every run left out" if len(ids) < total else ""))
+    if len(seeds) < 5:
+        note += (f"; {len(seeds)} seeds: the seed part of the bootstrap underestimates run-to-run variance, "
+                 "read it beside the seed-level test")
+    return ProblemTest(label, at, result, note, steps)

@@ -167,7 +167,21 @@ def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     header = ["group", "quantity", f"difference vs {c.baseline}", "95% t-interval", "p (two-sided)", "test, n",
               f"95% bootstrap CI (n ≥ {BOOTSTRAP_MIN_N})", "pairing"]
-    return header, [[t.label, TESTED[t.quantity], *fmt_test(t), t.note] for t in c.tests]
+    return header, [[t.label, TESTED.get(t.quantity, t.quantity), *fmt_test(t), t.note] for t in c.tests]
+
+
+def problem_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The per-problem (seeds x problems) tests against the baseline."""
+    header = ["group", f"difference vs {c.baseline}", "95% crossed bootstrap CI", "p (two-sided, bootstrap)",
+              "seeds x problems", "compared at", "pairing"]
+    rows = []
+    for t in c.problem_tests:
+        r = t.result
+        cells = (["—"] * 4 if r is None else [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]",
+                                              f"{fmt_p(r.p_value)} (smallest possible {fmt_p(r.p_min)})",
+                                              f"{r.seeds} x {r.problems}"])
+        rows.append([t.label, *cells, t.at, t.note])
+    return header, rows
 
 
 def credit_rows(groups: list[GroupStats]) -> tuple[list[str], list[list[str]]]:
@@ -215,6 +229,18 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
                       "split of the pooled values. Interval: paired or Welch t-interval; a bootstrap interval "
                       f"is added from n={BOOTSTRAP_MIN_N}, where it is no longer too narrow. No correction for "
                       "multiple comparisons. See docs/comparing.md.")]
+    if c.problem_tests:
+        budget = c.settings.get("at_equal")
+        out += [("h2", f"Per problem against the baseline '{c.baseline}' (seeds x problems, {c.settings['metric']}, "
+                       + (f"at equal {budget})" if budget else "at the last evaluations)")),
+                ("table", *problem_rows(c)),
+                ("p", "Every run scores the same held-out problems (eval_problems.jsonl). For each seed both "
+                      "groups ran and each problem: the group's outcome minus the baseline's (greedy 0/1 for "
+                      "eval/pass@1, correct/samples for eval/sample_accuracy), at the step in 'compared at'. "
+                      "Mean over seeds x problems; interval and p from a crossed bootstrap that resamples seeds "
+                      "and problems independently, so both run-to-run and problem-to-problem variance count "
+                      "(p: twice the share of draws on the far side of 0). With few seeds the bootstrap "
+                      "sees few runs: read it beside the exact seed-level test. See docs/comparing.md.")]
     header, rows = credit_rows(c.groups)
     out += [("h2", "Credit quality (train/credit/*, averaged over each run, then over seeds)")]
     out += [("table", header, rows)] if rows else [("p", "No train/credit/* metrics in these runs.")]
@@ -288,6 +314,15 @@ def to_json(c: Comparison) -> dict[str, Any]:
         "tests": [{"group": t.label, "quantity": t.quantity, "note": t.note,
                    **({} if t.result is None else _test_json(t))}
                   for t in c.tests],
+        "problem_tests": [{"group": t.label, "at": t.at, "note": t.note,
+                           "steps": [{"seed": s, "step": a, "baseline_step": b, "budget": None if math.isnan(x) else x}
+                                     for s, a, b, x in t.steps],
+                           **({} if t.result is None else {
+                               "diff": t.result.diff, "bootstrap_ci95": [t.result.low, t.result.high],
+                               "p_value": t.result.p_value, "p_min": t.result.p_min, "sides": "two-sided",
+                               "test": "crossed bootstrap (seeds x problems)", "seeds": t.result.seeds,
+                               "problems": t.result.problems, "resamples": t.result.resamples})}
+                          for t in c.problem_tests],
         "runs": [{"name": r.name, "path": str(r.path), "group": r.group, "seed": r.seed, "status": r.status,
                   "detail": r.detail, "steps": r.steps, "max_steps": r.max_steps, "used": r.used, "reason": r.reason}
                  for r in c.runs],
@@ -320,7 +355,8 @@ def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) ->
     """Groups, tests and warnings as rich tables on the terminal."""
     console = console or Console(width=160)
     for title, (header, rows) in (("creditlab compare", group_rows(c)),
-                                  (f"against baseline '{c.baseline}'", test_rows(c))):
+                                  (f"against baseline '{c.baseline}'", test_rows(c)),
+                                  (f"per problem against '{c.baseline}' (seeds x problems)", problem_rows(c))):
         if not rows:
             continue
         table = Table(title=escape(title))
