@@ -53,6 +53,9 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.samples and not 1 <= self.k <= self.samples:
             raise ValueError(f"eval.k must be in [1, eval.samples={self.samples}], got {self.k}")
+        if self.samples and self.k == 1:  # eval/pass@1 is the greedy score; sampled pass@1 is below
+            raise ValueError("eval.k=1 would log sampled pass@1 over the greedy eval/pass@1; sampled pass@1 "
+                             "is eval/sample_accuracy already: use eval.k >= 2 or eval.samples=0")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -81,6 +81,7 @@ CASES = [
     (["optim.betas=[0.9,1.5]"], ["optim.betas=[0.9, 1.5]", "a list of 2 finite numbers in [0, 1)"]),
     (["eval.every=-1"], ["eval.every=-1", ">= 0"]),
     (["eval.k=0"], ["eval.k=0", "an integer >= 1"]),
+    (["eval.k=1"], ["eval.k=1", "eval/sample_accuracy", "eval.k >= 2"]),
     (["eval.temperature=-0.5"], ["eval.temperature=-0.5", ">= 0"]),
     (["eval.batch_size=0"], ["eval.batch_size=0", "an integer >= 1"]),
     (["trainer=ddp", "trainer.num_nodes=0"], ["trainer.num_nodes=0", "an integer >= 1"]),
