@@ -20,7 +20,7 @@ import sys
 from typing import Any, NoReturn
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
@@ -141,10 +141,28 @@ def _options_with_key(group: str, key: str) -> list[str]:
     return [f.stem for f in sorted(folder.glob("*.yaml")) if key in (OmegaConf.load(f) or {})]
 
 
+def _unparsable(overrides: list[str]) -> str:
+    """Name the override Hydra's grammar rejects and how to quote its value."""
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            parser.parse_overrides([text])
+        except OverrideParseException as exc:
+            reason = str(exc).splitlines()[0]
+            key, _, value = text.partition("=")
+            return (f"cannot read the override {text!r} ({reason}); a value holding '=', ',', spaces, quotes or "
+                    f"brackets must be quoted: {key}='{value}' (in a shell: \"{key}='{value}'\")")
+    return "cannot read the overrides " + " ".join(overrides)
+
+
 def check(overrides: list[str]) -> Any:
     """Compose and validate; exit with a clear message on any mistake. Returns the config."""
     first = None
-    for variant in _sweep_variants(overrides):
+    try:
+        variants = _sweep_variants(overrides)
+    except OverrideParseException:
+        _error(_unparsable(overrides))
+    for variant in variants:
         try:
             cfg = compose(variant)
         except (HydraException, OmegaConfBaseException, ValueError) as exc:

@@ -82,6 +82,7 @@ CASES = [
     (["eval.every=-1"], ["eval.every=-1", ">= 0"]),
     (["eval.k=0"], ["eval.k=0", "an integer >= 1"]),
     (["eval.k=1"], ["eval.k=1", "eval/sample_accuracy", "eval.k >= 2"]),
+    (["run_dir=/tmp/a=b"], ["'run_dir=/tmp/a=b'", "must be quoted", "run_dir='/tmp/a=b'"]),
     (["eval.temperature=-0.5"], ["eval.temperature=-0.5", ">= 0"]),
     (["eval.batch_size=0"], ["eval.batch_size=0", "an integer >= 1"]),
     (["trainer=ddp", "trainer.num_nodes=0"], ["trainer.num_nodes=0", "an integer >= 1"]),
