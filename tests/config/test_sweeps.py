@@ -97,3 +97,27 @@ def test_sweep_group_and_tags_reach_the_loggers(logger, tmp_path, monkeypatch):
     [wandb] = made
     assert wandb["group"] == "srpo_splits"
     assert "srpo_splits" in wandb["tags"] and "srpo" in wandb["tags"]
+
+
+def test_horizon_sweep_runs_the_reset_methods_at_every_horizon_on_equal_budgets():
+    """Every method x horizon x 5 seeds; within a horizon the same budgets for every method; one
+    shared warm start; every run scores the same held-out problems (paired per-problem tests)."""
+    jobs = sweep_jobs("horizon")
+    cells, budgets, models, evals = set(), {}, set(), set()
+    for job in jobs:
+        cfg = compose_sweep_job("horizon", job)
+        checked = validate(cfg)
+        run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
+        h = int(cfg.task.max_steps)
+        assert cfg.task.min_steps == h and cfg.task.numbered, "a horizon preset fixes the number of steps"
+        cells.add((h, run.method, run.seed))
+        if cfg.rollout.name == "resets":
+            base, r, k = parse_split(checked["rollout_strategy"][1].split, rollout.group_size)
+            assert base + r * k == rollout.group_size and base >= 0
+        budgets.setdefault(h, set()).add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size,
+                                          rollout.max_new_tokens, loss.updates_per_batch, float(cfg.optim.lr)))
+        models.add(str(cfg.model.recipe_args))
+        evals.add((cfg.eval.problems, cfg.eval.every, cfg.eval.samples))
+    assert cells == set(itertools.product([4, 6, 8], ["grpo", "rrpo", "srpo", "srpo_oracle"], range(5)))
+    assert all(len(b) == 1 for b in budgets.values()), f"unequal budgets within a horizon: {budgets}"
+    assert len(models) == 1 and len(evals) == 1, (models, evals)
