@@ -100,10 +100,10 @@ def test_sweep_group_and_tags_reach_the_loggers(logger, tmp_path, monkeypatch):
 
 
 def test_horizon_sweep_runs_the_reset_methods_at_every_horizon_on_equal_budgets():
-    """Every method x horizon x 5 seeds; within a horizon the same budgets for every method; one
-    shared warm start; every run scores the same held-out problems (paired per-problem tests)."""
+    """Every method x horizon x 5 seeds; within a horizon the same budgets and warm start for every
+    method; every run scores the same held-out problems (paired per-problem tests)."""
     jobs = sweep_jobs("horizon")
-    cells, budgets, models, evals = set(), {}, set(), set()
+    cells, budgets, models, evals, horizons = set(), {}, {}, set(), set()
     for job in jobs:
         cfg = compose_sweep_job("horizon", job)
         checked = validate(cfg)
@@ -116,8 +116,10 @@ def test_horizon_sweep_runs_the_reset_methods_at_every_horizon_on_equal_budgets(
             assert base + r * k == rollout.group_size and base >= 0
         budgets.setdefault(h, set()).add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size,
                                           rollout.max_new_tokens, loss.updates_per_batch, float(cfg.optim.lr)))
-        models.add(str(cfg.model.recipe_args))
+        models.setdefault(h, set()).add(str(cfg.model.recipe_args))
+        horizons.add(h)
+        assert cfg.model.recipe_args.task.max_steps == h, "the warm start is trained on the preset's horizon"
         evals.add((cfg.eval.problems, cfg.eval.every, cfg.eval.samples))
-    assert cells == set(itertools.product([4, 6, 8], ["grpo", "rrpo", "srpo", "srpo_oracle"], range(5)))
+    assert cells == set(itertools.product(horizons, ["grpo", "rrpo", "srpo", "srpo_oracle"], range(5)))
     assert all(len(b) == 1 for b in budgets.values()), f"unequal budgets within a horizon: {budgets}"
-    assert len(models) == 1 and len(evals) == 1, (models, evals)
+    assert all(len(m) == 1 for m in models.values()) and len(evals) == 1, (models, evals)
