@@ -259,7 +259,7 @@ def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: 
             continue
         paired, _, _, note = _pairing(g, base, "final")
         if not paired:
-            out.append(ProblemTest(g.label, "—", None, f"no per-problem test: {note}"))
+            out.append(ProblemTest(g.label, "—", None, "no per-problem test: " + note.removeprefix("no test: ")))
             at_budget += [Test(g.label, f"at equal {key}", None, note)] if key else []
             continue
         common = {s for s, _ in g.values["final"]} & {s for s, _ in base.values["final"]}
