@@ -75,8 +75,8 @@ def compare_at_equal_tokens(runs: dict[int, Run], base: dict[int, Run], resample
         base_means.append(value_at(base[s], METRIC, base_step))
     width = min(len(r) for r in rows)
     crossed = crossed_bootstrap([r[:width] for r in rows], resamples=resamples)
-    seed_level = paired_test(means, base_means)
-    return {"seeds": len(seeds), "crossed": crossed, "sign_flip_p": seed_level.p}
+    sign_flip_p = paired_test(means, base_means).p if len(seeds) >= 2 else math.nan
+    return {"seeds": len(seeds), "crossed": crossed, "sign_flip_p": sign_flip_p}
 
 
 def main() -> None:
@@ -128,9 +128,9 @@ def main() -> None:
                 continue
             res = compare_at_equal_tokens(seeds, base, args.bootstrap)
             c = res["crossed"]
-            gaps[method].append((h, c.mean, c.low, c.high))
-            print(f"| {h} | {method} | {c.seeds} × {c.problems} | {c.mean:+.3f} | [{c.low:+.3f}, {c.high:+.3f}] | "
-                  f"{c.p:.4f} | {res['sign_flip_p']:.3f} |")
+            gaps[method].append((h, c.diff, c.low, c.high))
+            print(f"| {h} | {method} | {c.seeds} × {c.problems} | {c.diff:+.3f} | [{c.low:+.3f}, {c.high:+.3f}] | "
+                  f"{c.p_value:.4f} | {res['sign_flip_p']:.3f} |")
 
     if args.out:
         plot(runs, gaps, args.out)

@@ -33,6 +33,9 @@ from creditlab.significance import CrossedTest, crossed_bootstrap
 PROBLEMS_FILE = "eval_problems.jsonl"
 #: Counters a run logs as running totals (``--at-equal`` may name them): every x-axis but the step.
 CUMULATIVE = tuple(k for k in AXES if k != "step")
+#: Fewest paired seeds for which the crossed bootstrap's p is reported (DESIGN.md section 9: a
+#: bootstrap over three seeds is never reported as a p-value).
+MIN_SEEDS_FOR_P = 5
 #: Metrics with a per-problem outcome: how a record gives it.
 OUTCOMES = {"eval/pass@1": "greedy (0/1)", "eval/sample_accuracy": "correct / samples"}
 
@@ -208,7 +211,7 @@ def paired_problem_test(
     total = max(len(o) for pair in pairs for o in pair)
     note = (f"paired on seeds {', '.join(map(str, seeds))} x {len(ids)} problems; outcome {OUTCOMES[metric]}"
             + (f"; {total - len(ids)} problem(s) not scored by every run left out" if len(ids) < total else ""))
-    if len(seeds) < 5:
-        note += (f"; {len(seeds)} seeds: the seed part of the bootstrap underestimates run-to-run variance, "
-                 "read it beside the seed-level test")
+    if len(seeds) < MIN_SEEDS_FOR_P:
+        note += (f"; {len(seeds)} seeds: no p (the seed part of the bootstrap underestimates run-to-run variance "
+                 f"below {MIN_SEEDS_FOR_P}); the interval is descriptive, the seed-level test is the test")
     return ProblemTest(label, at, result, note, steps)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from creditlab.compare import TESTED, Comparison, GroupStats, Test
 from creditlab.rundirs import AXES, REWARD
+from creditlab.problem_records import MIN_SEEDS_FOR_P
 from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
 from creditlab.stats import MeanCI
 
@@ -178,7 +179,8 @@ def problem_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     for t in c.problem_tests:
         r = t.result
         cells = (["—"] * 4 if r is None else [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]",
-                                              f"{fmt_p(r.p_value)} (smallest possible {fmt_p(r.p_min)})",
+                                              f"{fmt_p(r.p_value)} (smallest possible {fmt_p(r.p_min)})"
+                                              if r.seeds >= MIN_SEEDS_FOR_P else f"— (needs {MIN_SEEDS_FOR_P} seeds)",
                                               f"{r.seeds} x {r.problems}"])
         rows.append([t.label, *cells, t.at, t.note])
     return header, rows
@@ -319,7 +321,8 @@ def to_json(c: Comparison) -> dict[str, Any]:
                                      for s, a, b, x in t.steps],
                            **({} if t.result is None else {
                                "diff": t.result.diff, "bootstrap_ci95": [t.result.low, t.result.high],
-                               "p_value": t.result.p_value, "p_min": t.result.p_min, "sides": "two-sided",
+                               "p_value": t.result.p_value if t.result.seeds >= MIN_SEEDS_FOR_P else None,
+                               "p_min": t.result.p_min, "sides": "two-sided",
                                "test": "crossed bootstrap (seeds x problems)", "seeds": t.result.seeds,
                                "problems": t.result.problems, "resamples": t.result.resamples})}
                           for t in c.problem_tests],

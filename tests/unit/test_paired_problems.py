@@ -13,6 +13,7 @@ from creditlab.compare import CompareError, compare
 from creditlab.distributed import shard
 from creditlab.evaluation import EvalConfig, ProblemOutcomes, evaluate_problems, gather_outcomes
 from creditlab.problem_records import PROBLEMS_FILE, check_budget_key, matched_steps, read_records
+from creditlab.report import problem_rows, to_json
 from creditlab.rundirs import load_run
 from creditlab.significance import crossed_bootstrap
 from creditlab.types import Completion, Problem, Rewards, RolloutConfig
@@ -231,7 +232,9 @@ def test_per_problem_test_uses_sample_accuracy_and_budget_matched_steps(tmp_path
     assert t.result.diff == pytest.approx(0.5) and (t.result.low, t.result.high) == (0.5, 0.5)
     assert [s[1:] for s in t.steps] == [(2, 4, 400.0)] * 3
     assert t.at == "equal tokens/trained <= 400 (steps 2; baseline 4)"
-    assert "outcome correct / samples" in t.note and "3 seeds: the seed part of the bootstrap" in t.note
+    assert "outcome correct / samples" in t.note and "3 seeds: no p" in t.note
+    row = problem_rows(c)[1][0]  # DESIGN.md section 9: no bootstrap p over fewer than 5 seeds
+    assert row[3] == "— (needs 5 seeds)" and to_json(c)["problem_tests"][0]["p_value"] is None
     # the seed-level test at equal budget: sample accuracy at step 2 (0.6 + 0.01 s) vs at step 4 (0.8)
     budget = next(x for x in c.tests if x.quantity == "at equal tokens/trained")
     assert budget.result.diff == pytest.approx(-0.19) and budget.result.n == "3 pairs"
