@@ -28,7 +28,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from creditlab.problem_records import matched_steps, outcomes, read_records, value_at
+from creditlab.problem_records import MIN_SEEDS_FOR_P, matched_steps, outcomes, read_records, value_at
 from creditlab.rundirs import Run, find_runs, load_run
 from creditlab.significance import crossed_bootstrap, paired_test
 
@@ -130,7 +130,7 @@ def main() -> None:
             c = res["crossed"]
             gaps[method].append((h, c.diff, c.low, c.high))
             print(f"| {h} | {method} | {c.seeds} × {c.problems} | {c.diff:+.3f} | [{c.low:+.3f}, {c.high:+.3f}] | "
-                  f"{c.p_value:.4f} | {res['sign_flip_p']:.3f} |")
+                  f"{f'{c.p_value:.4f}' if c.seeds >= MIN_SEEDS_FOR_P else '— (< 5 seeds)'} | {res['sign_flip_p']:.3f} |")
 
     if args.out:
         plot(runs, gaps, args.out)
