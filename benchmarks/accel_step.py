@@ -61,7 +61,7 @@ def main() -> None:
     from creditlab.testing import check_config
 
     torch.set_num_threads(args.threads)
-    _, checked = check_config(["logger=none", *args.overrides])
+    _, checked = check_config(["logger=none", "prompts_per_step=8", *args.overrides])  # the measured batch (README)
     model, tok, _ = load_policy(checked["model"])
     parts = build_parts(checked, model, tok)
     rollout, loss_cfg = checked["rollout"], checked["loss"]

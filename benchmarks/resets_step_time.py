@@ -35,7 +35,7 @@ def run_one(method: str, seed: int, steps: int, threads: int, out: Path, extra: 
     from creditlab.loggers import read_metrics
 
     overrides = [
-        f"method={method}", f"seed={seed}", f"trainer.max_steps={steps}", "eval.every=0",
+        f"method={method}", f"seed={seed}", f"trainer.max_steps={steps}", "eval.every=0", "prompts_per_step=8",
         "logger=none", "checkpoint_every=0", f"threads={threads}", f"run_dir={out}", "resume=null",
         *extra,
     ]
