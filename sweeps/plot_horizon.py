@@ -54,6 +54,12 @@ def last(run: Run, key: str) -> float:
     return float(values[-1]) if values else math.nan
 
 
+def localization(run: Run) -> float | None:
+    """Mean share of the run's resets at the oracle's first wrong thought (None: not a reset method)."""
+    rates = run.curve(LOCALIZATION)[1]
+    return statistics.fmean(rates) if rates else None
+
+
 def tokens_to(run: Run, threshold: float) -> float:
     """Trained tokens at the first evaluation reaching ``threshold`` (inf: never)."""
     xs, ys = run.curve(METRIC, KEY)
@@ -106,7 +112,7 @@ def main() -> None:
         for method, seeds in sorted(runs[h].items()):
             starts = [r.curve(METRIC)[1][0] for r in seeds.values()]
             ends = [last(r, METRIC) for r in seeds.values()]
-            loc = [statistics.fmean(r.curve(LOCALIZATION)[1]) for r in seeds.values() if r.curve(LOCALIZATION)[1]]
+            loc = [x for x in map(localization, seeds.values()) if x is not None]
             reach = sorted(tokens_to(r, threshold) for r in seeds.values())
             print(f"| {h} | {method} | {len(seeds)} | {fmt(starts)} | {fmt(ends)} | "
                   f"{fmt([e - s for s, e in zip(starts, ends)])} | "
@@ -178,11 +184,9 @@ def plot(runs: dict, gaps: dict, prefix: str) -> None:
     fig.savefig(f"{prefix}_gaps.png", dpi=100)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, method in enumerate(m for m in methods if any(runs[h].get(m) and runs[h][m][next(iter(runs[h][m]))].curve(LOCALIZATION)[1] for h in hs)):
-        vals = []
-        for h in hs:
-            rates = [statistics.fmean(r.curve(LOCALIZATION)[1]) for r in runs[h].get(method, {}).values() if r.curve(LOCALIZATION)[1]]
-            vals.append(mean_se(rates))
+    resetting = [m for m in methods if any(localization(r) is not None for h in hs for r in runs[h].get(m, {}).values())]
+    for i, method in enumerate(resetting):
+        vals = [mean_se([x for x in map(localization, runs[h].get(method, {}).values()) if x is not None]) for h in hs]
         ax.bar([x + 0.25 * (i - 1) for x in range(len(hs))], [v for v, _ in vals], width=0.25,
                yerr=[se for _, se in vals], label=method, color=color[method])
     ax.set_xticks(range(len(hs)), [f"H = {h}" for h in hs])
