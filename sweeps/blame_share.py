@@ -1,0 +1,104 @@
+"""Where a uniform negative advantage actually pushes: the share of GRPO's gradient on a failed
+chain's first wrong step, before any RL (docs/methods/horizon.md).
+
+    python sweeps/blame_share.py ~/.cache/creditlab/models/arith_tiny-<hash>
+
+GRPO gives every token of a failed chain the same negative advantage A, so its *advantage* mass
+is spread in proportion to thought length (``train/credit/neg_mass_*``). The gradient it sends
+into the logits at token t is ``A * (onehot(y_t) - softmax_t)``, whose norm
+``g_t = sqrt((1 - p_t)^2 + sum_{j != y_t} p_j^2)`` vanishes where the policy is sure of the token
+it sampled. This script samples chains at temperature 1 on held-out problems (as the rollouts
+do), and for each failed chain with a step oracle splits ``sum_t g_t`` into the shares on the
+thoughts before the first wrong one, on it, and after it, next to the share of tokens. When the
+policy is confident on its right steps and its slips are unlikely tokens, the uniform advantage
+already lands on the slip, and the oracle reset's exact credit has little left to add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from creditlab.generation import merge_eos_tail, span_texts, thought_spans
+from creditlab_arith.task import ArithTask
+
+
+def shares(weights: list[float], spans: tuple[tuple[int, int], ...], k: int) -> tuple[float, float, float]:
+    """Shares of ``sum(weights)`` on the spans before ``k``, on span ``k`` and after it."""
+    per = [sum(weights[a:b]) for a, b in spans]
+    total = sum(per) or 1.0
+    return sum(per[:k]) / total, per[k] / total, sum(per[k + 1 :]) / total
+
+
+def logit_gradient_norms(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Norm of ``d log p(y_t) / d logits_t = onehot(y_t) - softmax_t`` per token.
+
+    Args:
+        probs: (n, vocab) next-token distributions.
+        tokens: (n,) the tokens taken.
+
+    Returns:
+        (n,) ``sqrt((1 - p_t)^2 + sum_{j != y_t} p_j^2)``: 0 for a certain token, up to sqrt(2).
+    """
+    return (torch.nn.functional.one_hot(tokens, probs.shape[-1]).to(probs.dtype) - probs).norm(dim=-1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a warm-started arith_tiny checkpoint directory")
+    p.add_argument("--problems", type=int, default=300, help="held-out problems (default 300)")
+    p.add_argument("--samples", type=int, default=2, help="chains sampled per problem (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=160, help="solution budget (default 160)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
+    recipe = json.loads((Path(args.model) / "creditlab_recipe.json").read_text())
+    task = ArithTask(ArithTask.Config(**recipe["args"]["task"]))
+    delimiter = tok.encode(task.config.delimiter, add_special_tokens=False)
+    problems = task.load("test")[: args.problems] * args.samples
+
+    sums = {"tokens": [0.0, 0.0, 0.0], "gradient": [0.0, 0.0, 0.0]}
+    failed = chains = 0
+    for i in range(0, len(problems), 64):
+        batch = problems[i : i + 64]
+        enc = tok([pr.prompt for pr in batch], return_tensors="pt", padding=True, padding_side="left")
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=True,
+                                 temperature=1.0, pad_token_id=tok.pad_token_id)
+            mask = (ids != tok.pad_token_id).long()
+            mask[:, : enc["input_ids"].shape[1]] = enc["attention_mask"]
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            probs = logits[:, :-1].float().softmax(-1)
+        start = enc["input_ids"].shape[1]
+        for row, pr in enumerate(batch):
+            chains += 1
+            response = ids[row, start:].tolist()
+            n = len(response) - response.count(tok.pad_token_id)
+            response = response[:n]
+            spans = merge_eos_tail(thought_spans(response, delimiter), response, tok.eos_token_id)
+            k = pr.oracle(span_texts(tok, response, spans)) if spans else None
+            if k is None:
+                continue
+            failed += 1
+            k = min(k, len(spans) - 1)
+            p_rows = probs[row, start - 1 : start - 1 + n]  # (n, vocab): the distribution of each response token
+            g = logit_gradient_norms(p_rows, torch.tensor(response)).tolist()  # per unit advantage
+            for key, weights in (("tokens", [1.0] * n), ("gradient", g)):
+                for j, share in enumerate(shares(weights, spans, k)):
+                    sums[key][j] += share
+    print(f"{failed} failed of {chains} sampled chains (T = 1), {task.config.min_steps}-{task.config.max_steps} steps")
+    for key, label in (("tokens", "share of tokens (GRPO's advantage mass)"), ("gradient", "share of GRPO's logit gradient")):
+        before, at, after = (s / max(failed, 1) for s in sums[key])
+        print(f"{label:42s} before {before:.3f}   first wrong step {at:.3f}   after {after:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""sweeps/blame_share.py: the shares and the logit-gradient norm it reports, by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+_PATH = Path(__file__).resolve().parents[2] / "sweeps" / "blame_share.py"
+
+
+@pytest.fixture(scope="module")
+def blame_share():
+    spec = importlib.util.spec_from_file_location("blame_share", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shares_split_the_weight_around_the_first_wrong_thought(blame_share):
+    spans = ((0, 1), (1, 2), (2, 4))
+    assert blame_share.shares([1, 1, 2, 4], spans, 1) == (0.125, 0.125, 0.75)
+    assert blame_share.shares([1, 1, 2, 4], spans, 0) == (0.0, 0.125, 0.875)
+    assert blame_share.shares([0, 0, 0, 0], spans, 2) == (0.0, 0.0, 0.0)  # no weight: no share, no error
+
+
+def test_logit_gradient_norm_vanishes_on_a_certain_token(blame_share):
+    probs = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.5, 0.25, 0.25]])
+    norms = blame_share.logit_gradient_norms(probs, torch.tensor([0, 1, 0])).tolist()
+    # (1 - p_y)^2 + sum of the other p_j^2, square-rooted
+    assert norms[0] == pytest.approx(0.0)
+    assert norms[1] == pytest.approx(math.sqrt(0.9**2 + 0.9**2))
+    assert norms[2] == pytest.approx(math.sqrt(0.5**2 + 0.25**2 + 0.25**2))
