@@ -81,7 +81,7 @@ def compare_at_equal_tokens(runs: dict[int, Run], base: dict[int, Run], resample
         base_means.append(value_at(base[s], METRIC, base_step))
     width = min(len(r) for r in rows)
     crossed = crossed_bootstrap([r[:width] for r in rows], resamples=resamples)
-    sign_flip_p = paired_test(means, base_means).p if len(seeds) >= 2 else math.nan
+    sign_flip_p = paired_test(means, base_means).p_value if len(seeds) >= 2 else math.nan
     return {"seeds": len(seeds), "crossed": crossed, "sign_flip_p": sign_flip_p}
 
 
@@ -147,6 +147,8 @@ def plot(runs: dict, gaps: dict, prefix: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
 
     methods = sorted({m for h in runs for m in runs[h]})
     color = {m: f"C{i}" for i, m in enumerate(methods)}
