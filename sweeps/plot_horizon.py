@@ -195,7 +195,10 @@ def plot(runs: dict, gaps: dict, prefix: str) -> None:
     ax.set_ylabel("resets at the oracle's first wrong thought")
     ax.set_title("localization during RL (oracle = 1; RRPO = random)", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    if resetting:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no reset method in the sweep", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(f"{prefix}_localization.png", dpi=100)
     print(f"\nwrote {prefix}_curves.png, {prefix}_gaps.png, {prefix}_localization.png")
