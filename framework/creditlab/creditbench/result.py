@@ -1,0 +1,107 @@
+"""What ``creditlab credit-bench`` measured: plain dataclasses the scorer fills and the report reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Per-thought reductions of an estimator's per-token advantages.
+REDUCTIONS = ("mean", "sum")
+#: Estimator scores, each computed for both reductions (key ``"<score>/<reduction>"``).
+#: ``error`` is lower-is-better; the others higher-is-better.
+SCORES = ("spearman", "spearman_within", "sign", "blame_hit", "error")
+#: Selector scores (shares of failed chains): reset at / before / after the true most-negative
+#: step, and at the task oracle's first wrong step (tasks with an oracle only).
+SELECTOR_SCORES = ("exact", "early", "late", "oracle_exact")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A statistic and its 95% bootstrap interval over prompts."""
+
+    value: float
+    low: float
+    high: float
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+@dataclass
+class EstimatorScores:
+    """One advantage estimator on the bench's groups.
+
+    Attributes:
+        name: Its registry name.
+        scores: ``"<score>/<reduction>"`` -> interval (keys from :data:`SCORES` x :data:`REDUCTIONS`).
+        cost: ``seconds``, ``generated_tokens`` (sampled by the estimator itself),
+            ``forward_tokens`` (tokens through extra forward passes).
+        points: ``(true A_k, credit)`` per (chain, thought), mean reduction, for the scatter plot.
+        error: Why it could not be scored (then ``scores`` is empty), else None.
+    """
+
+    name: str
+    scores: dict[str, Interval] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    points: tuple[tuple[float, float], ...] = ()
+    error: str | None = None
+
+
+@dataclass
+class SelectorScores:
+    """One reset selector on the bench's failed chains (keys of ``scores``: :data:`SELECTOR_SCORES`;
+    ``oracle_exact`` only on tasks with a step oracle). ``cost`` as for estimators."""
+
+    name: str
+    scores: dict[str, Interval] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    chains: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Separation:
+    """The difference in the ranking score between two estimators adjacent in the ranking
+    (``better`` minus ``worse``, paired bootstrap over prompts); ``separated`` when the interval
+    excludes zero."""
+
+    better: str
+    worse: str
+    difference: Interval
+
+    @property
+    def separated(self) -> bool:
+        return self.difference.excludes_zero()
+
+
+@dataclass
+class BenchResult:
+    """Everything one bench run measured.
+
+    Attributes:
+        settings: What was run (``model``, ``task``, ``split``, ``prompts``, ``group_size``, ``k``,
+            ``seed``, ``sign_threshold``, ``bootstrap``, ``command``, ...).
+        counts: ``chains``, ``failed_chains``, ``thoughts`` ((chain, thought) pairs), ``states``
+            (distinct prefixes valued), ``continuations`` (Monte-Carlo samples).
+        noise: Monte-Carlo noise of the truth: ``value_se`` and ``advantage_se`` (mean standard
+            errors), ``value_split_half`` and ``advantage_split_half`` (split-half reliabilities,
+            Spearman-Brown corrected), ``advantage_reliability`` (1 - noise variance / variance),
+            ``error_floor`` (the ``error`` score a perfect estimator would get from the noise alone).
+        instrument: Agreement of the MC truth with the task's step oracle on failed chains
+            (``most_negative_is_first_wrong``), None on tasks without an oracle.
+        rank_by: The score estimators are ranked by (``"<score>/<reduction>"``).
+        estimators: Ranked best first; ones that failed last.
+        separations: Adjacent pairs of the ranking.
+        selectors: In the order run.
+        truth_cost: ``seconds`` and ``generated_tokens`` of the Monte-Carlo truth and the groups.
+    """
+
+    settings: dict[str, Any]
+    counts: dict[str, int]
+    noise: dict[str, float]
+    instrument: dict[str, Interval] | None
+    rank_by: str
+    estimators: list[EstimatorScores]
+    separations: list[Separation]
+    selectors: list[SelectorScores]
+    truth_cost: dict[str, float]
