@@ -24,10 +24,15 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from creditlab.compose import (
-    CONF_DIR, SUBMITIT_MISSING, compose, searchpath_override, split_searchpath,
+    CONF_DIR,
+    SUBMITIT_MISSING,
+    compose,
+    searchpath_override,
+    split_searchpath,
 )
 from creditlab.config import PART_KINDS, check_machine, validate
 from creditlab.errors import ConfigError, RegistryError, closest
@@ -74,7 +79,7 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
         registered = _registered_without_config(group, option)
         if registered:
             return registered
-        options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.M)
+        options = re.findall(r"^\s+(\S+)\s*$", text, flags=re.MULTILINE)
         hint = closest(option, options)
         given = [o for o in overrides if o.lstrip("+~").startswith(f"{group}=")]
         plus = given[0][: len(given[0]) - len(given[0].lstrip("+"))] if given else ""
@@ -186,9 +191,7 @@ def train(argv: list[str]) -> None:
         if skip:
             skip = False
             continue
-        if arg in HYDRA_FLAGS_WITH_VALUE:
-            skip = True
-        elif arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_VALUES:
+        if arg in HYDRA_FLAGS_WITH_VALUE or arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_VALUES:
             skip = True
         elif not arg.startswith("-"):
             overrides.append(arg)
@@ -284,7 +287,48 @@ def compare(argv: list[str]) -> None:
     print_summary(result, write_report(result, args.out))
 
 
-COMMANDS = {"train": train, "plugins": plugins, "compare": compare}
+def credit_bench(argv: list[str]) -> None:
+    """Score every estimator and reset selector against Monte-Carlo ground truth (docs/credit-bench.md)."""
+    parser = _ArgumentParser(
+        prog="creditlab credit-bench",
+        description="Sample groups, value every thought boundary by K Monte-Carlo continuations, and score each "
+        "advantage estimator and reset selector against that truth, without training. Other arguments are "
+        "run-config overrides as for creditlab train (model=..., task=..., seed=..., rollout.group_size=...).",
+    )
+    parser.add_argument("--prompts", type=int, default=64, help="prompts of the split (default: 64)")
+    parser.add_argument("--k", type=int, default=32, help="continuations per state (default: 32)")
+    parser.add_argument("--split", default="test", help="task split (default: test)")
+    parser.add_argument("--estimators", default=None, help="comma-separated estimator names (default: all registered)")
+    parser.add_argument("--selectors", default=None, help="comma-separated reset selectors (default: all but none)")
+    parser.add_argument("--sign-threshold", type=float, default=0.25, help="|A_k| above which signs are scored (default: 0.25)")
+    parser.add_argument("--min-reliability", type=float, default=0.5, help="refuse below this truth reliability (default: 0.5)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="prompt resamples for intervals (default: 1000)")
+    parser.add_argument("--rank-by", default="spearman/mean", help="score/reduction to rank by (default: spearman/mean)")
+    parser.add_argument("--out", default="credit-bench", help="report folder (default: ./credit-bench)")
+    args, overrides = parser.parse_known_args(argv)
+    if unknown := [o for o in overrides if o.startswith("-")]:
+        _error(f"unknown option {unknown[0]}; see creditlab credit-bench --help")
+
+    from creditlab.creditbench import Bench, BenchSettings, print_table, write_report
+
+    names = {k: tuple(n.strip() for n in v.split(",") if n.strip()) if v else None
+             for k, v in (("estimators", args.estimators), ("selectors", args.selectors))}
+    settings = BenchSettings(args.prompts, args.k, args.split, names["estimators"], names["selectors"],
+                             args.sign_threshold, args.min_reliability, args.bootstrap, args.rank_by)
+    try:
+        bench = Bench(overrides, settings)
+        with Progress(transient=True) as bar:
+            task = bar.add_task("Monte-Carlo continuations", total=None)
+            result = bench.run(lambda done, total: bar.update(task, completed=done, total=total))
+    except (HydraException, OmegaConfBaseException) as exc:
+        _error(_explain(exc, overrides))
+    except (ConfigError, RegistryError, ValueError) as exc:
+        _error(str(exc))
+    result.settings["command"] = "creditlab credit-bench " + " ".join(argv)
+    print_table(result, paths=write_report(result, args.out))
+
+
+COMMANDS = {"train": train, "plugins": plugins, "compare": compare, "credit-bench": credit_bench}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,10 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] not in ("-h", "--help"):
             hint = closest(argv[0], list(COMMANDS))
             print(f"creditlab: unknown command '{argv[0]}'." + (f" Did you mean '{hint}'?" if hint else ""), file=sys.stderr)
-        print("usage: creditlab {train,plugins,compare} [args]\n"
+        print("usage: creditlab {train,plugins,compare,credit-bench} [args]\n"
               "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
               "  plugins                      list registered parts\n"
-              "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs", file=sys.stderr)
+              "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs\n"
+              "  credit-bench [key=value ...] [--k 32]   score estimators against Monte-Carlo truth", file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     COMMANDS[argv[0]](argv[1:])

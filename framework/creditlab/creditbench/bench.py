@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -26,10 +27,22 @@ from omegaconf import DictConfig, OmegaConf
 from creditlab.compose import CONF_DIR, compose
 from creditlab.config import build_config, build_parts, validate
 from creditlab.creditbench.result import (
-    REDUCTIONS, SCORES, BenchResult, EstimatorScores, Interval, SelectorScores, Separation,
+    REDUCTIONS,
+    SCORES,
+    BenchResult,
+    EstimatorScores,
+    Interval,
+    SelectorScores,
+    Separation,
 )
 from creditlab.creditbench.scores import (
-    CreditScorer, interval, intervals, most_negative, prompt_weights, selector_outcomes, weighted_mean,
+    CreditScorer,
+    interval,
+    intervals,
+    most_negative,
+    prompt_weights,
+    selector_outcomes,
+    weighted_mean,
 )
 from creditlab.creditbench.truth import ChainTruth, compute_truth, k_needed, noise
 from creditlab.errors import ConfigError
@@ -323,7 +336,7 @@ class Bench:
         draws = {e.name: d for e, d in scored}
         ok = sorted((e for e, _ in scored if e.error is None), key=lambda e: -sign * e.scores[key].value)
         seps = []
-        for better, worse in zip(ok, ok[1:]):
+        for better, worse in pairwise(ok):
             diff = sign * (draws[better.name][key] - draws[worse.name][key])
             value = sign * (better.scores[key].value - worse.scores[key].value)
             seps.append(Separation(better.name, worse.name, interval(value, diff)))

@@ -19,7 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from creditlab.creditbench.result import SCORES, BenchResult, EstimatorScores, Interval, SelectorScores
+from creditlab.creditbench.result import (
+    SCORES,
+    BenchResult,
+    EstimatorScores,
+    Interval,
+    SelectorScores,
+)
 from creditlab.report import Block, to_html, to_markdown
 
 TITLE = "creditlab credit-bench"

@@ -2,7 +2,7 @@
 
 At every thought boundary s_k of a chain (the state before its k-th thought, a token-id prefix of
 its response) the value V(s_k) is the mean reward of K continuations sampled from that prefix with
-the run's settings (as :mod:`creditlab_resets.mc_value` does with its own K, VinePPO-style), and
+the run's settings (as the Monte-Carlo value estimator does with its own K), and
 the true step advantage of thought k is ``A_k = V(s_{k+1}) - V(s_k)``, the last one
 ``reward - V(s_last)``. Identical prefixes (every chain of a prompt shares s_0) are valued once.
 
@@ -65,7 +65,7 @@ def compute_truth(
     k: int,
     seed: int,
     progress: Callable[[int], None] | None = None,
-) -> tuple[list[ChainTruth], dict[str, int]]:
+) -> tuple[list[ChainTruth], dict[str, float]]:
     """Value every thought boundary of every chain by ``k`` continuations.
 
     Args:
@@ -78,7 +78,8 @@ def compute_truth(
         progress: Called with the number of continuations done after each chunk.
 
     Returns:
-        The truth per chain, and ``states`` / ``continuations`` counts.
+        The truth per chain, and ``states`` / ``continuations`` counts and ``value_halves`` (the
+        split-half reliability of the state values).
     """
     keys: dict[tuple, int] = {}
     states: list[tuple] = []
@@ -106,18 +107,19 @@ def compute_truth(
     for traj, p, sp in zip(trajectories, prompt_index, spans):
         c = traj.completion
         idx = [keys[(c.prompt_ids, c.response_ids[:a])] for a, _ in sp]
-
-        def steps(v: np.ndarray) -> np.ndarray:
-            return np.append(v[idx][1:], traj.reward) - v[idx] if idx else np.zeros(0)
-
-        s = se[idx] if idx else np.zeros(0)
+        s = se[idx]
         out.append(ChainTruth(
-            prompt=int(p), reward=float(traj.reward), spans=tuple(sp),
-            values=value[idx] if idx else np.zeros(0), value_se=s,
-            advantages=steps(value), advantage_se=np.sqrt(s**2 + np.append(s[1:], 0.0) ** 2),
-            halves=(steps(half_a), steps(half_b)),
+            prompt=int(p), reward=float(traj.reward), spans=tuple(sp), values=value[idx], value_se=s,
+            advantages=_steps(value[idx], traj.reward), advantage_se=np.sqrt(s**2 + np.append(s[1:], 0.0) ** 2),
+            halves=(_steps(half_a[idx], traj.reward), _steps(half_b[idx], traj.reward)),
         ))
     return out, {"states": len(states), "continuations": len(requests), "value_halves": spearman_brown(half_a, half_b)}
+
+
+def _steps(values: np.ndarray, reward: float) -> np.ndarray:
+    """(n,) step advantages from (n,) state values: the next value (the reward after the last
+    thought) minus this one."""
+    return np.append(values[1:], reward) - values if len(values) else np.zeros(0)
 
 
 def spearman_brown(a: np.ndarray, b: np.ndarray) -> float:
