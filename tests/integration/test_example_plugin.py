@@ -116,6 +116,22 @@ def test_train_with_its_advantage(sites, tmp_path):
                     "target": "creditlab_example.advantage:RLOOAdvantage"}
 
 
+def test_credit_bench_scores_its_advantage(sites, tmp_path):
+    """A third-party estimator is scored by `creditlab credit-bench` like a built-in one (the
+    broken distribution beside it is not asked for, so it does not stop the bench)."""
+    out_dir = tmp_path / "bench"
+    out = _run(["credit-bench", "--estimators", f"grpo,{NAME}", "--selectors", "random", "--prompts", "3",
+                "--k", "4", "--min-reliability", "0.01", "--bootstrap", "100", "--out", str(out_dir),
+                "threads=1", *SMALL], sites["site"], sites["broken"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    bench = json.loads((out_dir / "bench.json").read_text())
+    scored = {e["name"]: e for e in bench["estimators"]}
+    assert set(scored) == {"grpo", NAME} and scored[NAME]["error"] is None
+    assert set(scored[NAME]["scores"]) >= {"spearman/mean", "error/sum", "blame_hit/mean"}
+    report = (out_dir / "report.md").read_text()
+    assert f"| {NAME} |" in report and NAME in out.stdout
+
+
 def test_cli_errors_name_the_plugin_problem(sites):
     broken = _run(["train", "advantage=broken_example"], sites["site"], sites["broken"])
     assert broken.returncode == 2

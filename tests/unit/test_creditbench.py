@@ -156,6 +156,15 @@ def test_credit_scorer_weights_and_perfect_estimator():
     assert np.isnan(perfect(np.array([0.0, 2.0]))["blame_hit"])
 
 
+def test_rounding_noise_does_not_rank_a_constant_credit():
+    # A sequence advantage averaged over thoughts of different lengths differs in the last bits.
+    a = 0.35355339
+    credit = [np.array([a * (1 + 1e-9), a * (1 - 2e-9), a])]
+    assert np.ptp(credit[0]) > 0
+    got = CreditScorer([np.array([0.1, -0.5, 0.2])], credit, np.array([True]), 0.25)(np.ones(1))
+    assert got["spearman_within"] == 0.0 and got["blame_hit"] == pytest.approx(1 / 3)
+
+
 def test_selector_outcomes():
     truth = [np.array([0.0, -0.5, 0.0]), np.array([-0.4, 0.0]), np.array([0.1, 0.0, -0.3])]
     got = selector_outcomes(truth, [1, 1, 0], [1, None, 2])
@@ -199,3 +208,15 @@ def test_bad_settings_are_named(kwargs, words):
     with pytest.raises((BenchError, RegistryError)) as err:
         BenchSettings(**kwargs).check()
     assert words in str(err.value)
+
+
+def test_refusal_names_the_k_that_would_do():
+    from types import SimpleNamespace
+
+    from creditlab.creditbench.bench import Bench
+
+    fake = SimpleNamespace(settings=BenchSettings(k=8, min_reliability=0.5))
+    with pytest.raises(BenchError) as err:
+        Bench.refuse_if_noisy(fake, {"advantage_reliability": 0.2, "advantage_se": 0.15})
+    assert "reliability is 0.20" in str(err.value) and "raise --k to at least 32" in str(err.value)
+    Bench.refuse_if_noisy(fake, {"advantage_reliability": 0.6, "advantage_se": 0.05})  # enough: no error

@@ -92,6 +92,16 @@ def scaled_error(m: np.ndarray) -> float:
     return float((yy - xy * xy / xx) / yy)
 
 
+def settle(credit: Arrays, digits: int = 6) -> list[np.ndarray]:
+    """Credit rounded to ``digits`` decimals of its largest magnitude, so that values equal up to
+    float rounding (a sequence-level advantage averaged over thoughts of different lengths) tie
+    in ranks, signs and arg-mins instead of being ordered by rounding noise."""
+    scale = max((float(np.abs(c).max()) for c in credit if len(c)), default=0.0)
+    if scale == 0:
+        return [np.asarray(c, dtype=float) for c in credit]
+    return [np.round(np.asarray(c, dtype=float) / scale, digits) * scale for c in credit]
+
+
 # -- one estimator's scores ---------------------------------------------------------------------------
 
 class CreditScorer:
@@ -105,6 +115,7 @@ class CreditScorer:
     """
 
     def __init__(self, truth: Arrays, credit: Arrays, failed: np.ndarray, threshold: float) -> None:
+        credit = settle(credit)
         self.sizes = np.array([len(t) for t in truth])
         self.flat_truth = np.concatenate(truth) if len(truth) else np.zeros(0)
         self.flat_credit = np.concatenate(credit) if len(credit) else np.zeros(0)
