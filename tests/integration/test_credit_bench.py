@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from itertools import pairwise
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
