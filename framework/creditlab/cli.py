@@ -303,7 +303,7 @@ def credit_bench(argv: list[str]) -> None:
     parser.add_argument("--sign-threshold", type=float, default=0.25, help="|A_k| above which signs are scored (default: 0.25)")
     parser.add_argument("--min-reliability", type=float, default=0.5, help="refuse below this truth reliability (default: 0.5)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="prompt resamples for intervals (default: 1000)")
-    parser.add_argument("--rank-by", default="spearman/mean", help="score/reduction to rank by (default: spearman/mean)")
+    parser.add_argument("--rank-by", default="error/mean", help="score/reduction to rank by (default: error/mean, the scale-matched error)")
     parser.add_argument("--out", default="credit-bench", help="report folder (default: ./credit-bench)")
     args, overrides = parser.parse_known_args(argv)
     if unknown := [o for o in overrides if o.startswith("-")]:

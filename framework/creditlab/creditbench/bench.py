@@ -85,7 +85,7 @@ class BenchSettings:
     sign_threshold: float = 0.25
     min_reliability: float = 0.5
     bootstrap: int = 1000
-    rank_by: str = "spearman/mean"
+    rank_by: str = "error/mean"
 
     def check(self) -> None:
         """Raise BenchError naming the bad setting (before anything loads)."""

@@ -215,8 +215,9 @@ def blocks(result: BenchResult) -> list[Block]:
     failed = [f"{e.name}: {e.error}" for e in result.estimators if e.error is not None]
     out += [("p", "Not scored:"), ("ul", failed)] if failed else []
     out += [("h2", "Where they do not separate"),
-            ("p", (f"Difference in {result.rank_by} between neighbours in the ranking (better minus worse, "
-                   "paired bootstrap over prompts); separated when its 95% interval excludes zero."))]
+            ("p", (f"How much better each estimator is than the next one in the ranking, in {result.rank_by} "
+                   "(positive = better; for error, the lower error; paired bootstrap over prompts); "
+                   "separated when its 95% interval excludes zero."))]
     items = separation_items(result)
     out += [("ul", items)] if items else [("p", "Fewer than two estimators were scored.")]
     out.append(("h2", "Reset selectors"))

@@ -61,9 +61,9 @@ class SelectorScores:
 
 @dataclass
 class Separation:
-    """The difference in the ranking score between two estimators adjacent in the ranking
-    (``better`` minus ``worse``, paired bootstrap over prompts); ``separated`` when the interval
-    excludes zero."""
+    """How much better ``better`` is than ``worse``, its neighbour in the ranking, in the ranking
+    score (positive = better: the higher score, or for ``error`` the lower one; paired bootstrap
+    over prompts); ``separated`` when the interval excludes zero."""
 
     better: str
     worse: str
