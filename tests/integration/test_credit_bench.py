@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 import sys
 from itertools import pairwise
 from pathlib import Path
@@ -37,21 +38,50 @@ def _strip_time(result) -> dict:
 class HasSevenVerifier(Verifier):
     """Reward 1 when the response so far contains a "7": the small warm start (which rarely
     solves arith) writes one in about half its chains, and once written it stays, so values
-    rise along a chain at the thought that writes it."""
+    rise along a chain at the thought that writes it. Its config takes (and ignores) the keys of
+    the arith and gsm8k verifiers' configs, so ``verifier.name=has_seven`` is the only override."""
+
+    @dataclass
+    class Config:
+        timeout_s: float = 5.0
+        workers: int = 1
+        fallback_last_number: bool = True
 
     def score(self, problems, completions):
         values = tuple(float("7" in c.text) for c in completions)
         return Rewards(values, tuple({} for _ in values))
 
 
+HAS_SEVEN = ["verifier.name=has_seven"]
+
+
 @pytest.fixture(scope="module")
-def results():
+def has_seven():
     REGISTRIES["verifier"].register("has_seven")(HasSevenVerifier)
-    try:
-        overrides = ["threads=1", *SMALL, "verifier.name=has_seven", "~verifier.timeout_s", "~verifier.workers"]
-        yield [Bench(overrides, BenchSettings(**SETTINGS)).run() for _ in range(2)]
-    finally:
-        REGISTRIES["verifier"].unregister("has_seven")
+    yield
+    REGISTRIES["verifier"].unregister("has_seven")
+
+
+@pytest.fixture(scope="module")
+def results(has_seven):
+    overrides = ["threads=1", *SMALL, *HAS_SEVEN]
+    return [Bench(overrides, BenchSettings(**SETTINGS)).run() for _ in range(2)]
+
+
+def test_a_task_without_step_oracle(has_seven, tmp_path):
+    """GSM8K-style files: the truth needs no oracle; no instrument check, no oracle selector."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"question": f"What is {i} + {i + 7}?", "answer": f"#### {2 * i + 7}"} for i in range(8)]
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = ["threads=1", *(o for o in SMALL if not o.startswith("task.")), "task=gsm8k",
+                 f"task.path={data}", *HAS_SEVEN]
+    settings = {**SETTINGS, "estimators": ("grpo",), "selectors": None}
+    r = Bench(overrides, BenchSettings(**settings)).run()
+    assert r.settings["task"] == "gsm8k" and r.instrument is None
+    assert "oracle" not in {s.name for s in r.selectors} and {"random", "self_localize"} <= {s.name for s in r.selectors}
+    assert r.estimators[0].error is None and "error/mean" in r.estimators[0].scores
 
 
 def test_a_truth_without_signal_is_refused():

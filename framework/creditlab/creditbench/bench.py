@@ -215,7 +215,17 @@ class Bench:
                               chat_template=rollout.chat_template)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> BenchResult:
-        """Sample, value, score; ``progress(done, total)`` after each chunk of continuations."""
+        """Sample, value, score; ``progress(done, total)`` after each chunk of continuations. The
+        run config's ``threads`` (0: torch's default) holds for the bench only, as for a run."""
+        before, threads = torch.get_num_threads(), self.checked["run"].threads
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            return self._run(progress)
+        finally:
+            torch.set_num_threads(before)
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> BenchResult:
         s, rollout = self.settings, self.checked["rollout"]
         t0 = time.perf_counter()
         model, tokenizer, model_path = load_policy(self.checked["model"], self.seed)
