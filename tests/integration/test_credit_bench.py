@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
 import sys
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
