@@ -220,3 +220,12 @@ def test_refusal_names_the_k_that_would_do():
         Bench.refuse_if_noisy(fake, {"advantage_reliability": 0.2, "advantage_se": 0.15})
     assert "reliability is 0.20" in str(err.value) and "raise --k to at least 32" in str(err.value)
     Bench.refuse_if_noisy(fake, {"advantage_reliability": 0.6, "advantage_se": 0.05})  # enough: no error
+
+
+def test_each_estimator_gets_the_segmenter_its_method_pairs_it_with():
+    from creditlab.creditbench.bench import method_segmenters
+
+    pairs = method_segmenters()
+    assert pairs["rredcot"] == "keyword_entropy"  # conf/method/rredcot.yaml
+    assert pairs["ibpo"] == "thought"
+    assert pairs["mc_value"] == "thought"  # conf/method/vineppo.yaml
