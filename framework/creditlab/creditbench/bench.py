@@ -261,6 +261,7 @@ class Bench:
         ranked = self.rank(estimators)
         selectors = [self.score_selector(name, trajs, spans, truth, failed, first_wrong, weights, backend, tokenizer, sampler)
                      for name in self.selectors]
+        selectors.sort(key=lambda x: -x.scores["exact"].value if "exact" in x.scores else 1.0)  # ranked by exact
         for part in parts.values():
             getattr(part, "close", lambda: None)()
         settings = {"model": str(model_path), "task": str(self.cfg.task.name), "split": s.split,

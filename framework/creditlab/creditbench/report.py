@@ -268,11 +268,11 @@ def print_table(result: BenchResult, console: Console | None = None, paths: dict
     """Estimators and selectors as rich tables, then the noise and where the report is."""
     console = console or Console(width=160)
     est = Table(title=escape(f"{TITLE}: estimators (ranked by {result.rank_by})"))
-    for col in ("rank", "estimator", result.rank_by, "error/mean", "blame_hit/mean", "seconds"):
+    keys = [result.rank_by, *(k for k in ("error/mean", "spearman_within/mean", "blame_hit/mean") if k != result.rank_by)][:3]
+    for col in ("rank", "estimator", *keys, "seconds"):
         est.add_column(escape(col), overflow="fold")
     for i, e in enumerate(_scored(result), 1):
-        est.add_row(str(i), escape(e.name), *[fmt_interval(e.scores.get(k))
-                                              for k in (result.rank_by, "error/mean", "blame_hit/mean")],
+        est.add_row(str(i), escape(e.name), *[fmt_interval(e.scores.get(k)) for k in keys],
                     _num(e.cost.get("seconds"), 2))
     for e in result.estimators:
         if e.error is not None:

@@ -92,7 +92,8 @@ class BenchResult:
         rank_by: The score estimators are ranked by (``"<score>/<reduction>"``).
         estimators: Ranked best first; ones that failed last.
         separations: Adjacent pairs of the ranking.
-        selectors: In the order run.
+        selectors: Ranked by ``exact`` (the share reset at the true most-negative step), best first;
+            ones that failed last.
         truth_cost: ``seconds`` and ``generated_tokens`` of the Monte-Carlo truth and the groups.
     """
 
