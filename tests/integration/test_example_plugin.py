@@ -119,10 +119,26 @@ def test_train_with_its_advantage(sites, tmp_path):
 def test_credit_bench_scores_its_advantage(sites, tmp_path):
     """A third-party estimator is scored by `creditlab credit-bench` like a built-in one (the
     broken distribution beside it is not asked for, so it does not stop the bench)."""
+    # The small warm start never solves arith (a truth of zeros is refused), so a verifier it
+    # sometimes satisfies is installed beside it: a "7" anywhere in the response.
+    write_dist(tmp_path / "seven", "seven-verifier", {"creditlab.verifier": {"has_seven": "cl_seven:HasSeven"}}, {
+        "cl_seven/__init__.py": (
+            "from dataclasses import dataclass\n"
+            "from creditlab import Rewards, Verifier\n\n"
+            "class HasSeven(Verifier):\n"
+            "    @dataclass\n"
+            "    class Config:\n"
+            "        timeout_s: float = 5.0\n"
+            "        workers: int = 1\n\n"
+            "    def score(self, problems, completions):\n"
+            "        v = tuple(float('7' in c.text) for c in completions)\n"
+            "        return Rewards(v, tuple({} for _ in v))\n"
+        ),
+    })
     out_dir = tmp_path / "bench"
     out = _run(["credit-bench", "--estimators", f"grpo,{NAME}", "--selectors", "random", "--prompts", "3",
                 "--k", "4", "--min-reliability", "0.01", "--bootstrap", "100", "--out", str(out_dir),
-                "threads=1", *SMALL], sites["site"], sites["broken"])
+                "threads=1", *SMALL, "verifier.name=has_seven"], sites["site"], sites["broken"], tmp_path / "seven")
     assert out.returncode == 0, out.stderr[-3000:]
     bench = json.loads((out_dir / "bench.json").read_text())
     scored = {e["name"]: e for e in bench["estimators"]}

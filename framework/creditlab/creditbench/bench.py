@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,7 +111,7 @@ def method_segmenters() -> dict[str, str]:
     """Estimator name -> the segmenter a method config pairs it with (``defaults`` of every
     ``method/*.yaml`` in creditlab's and the plug-ins' config folders)."""
     out: dict[str, str] = {}
-    for folder in [CONF_DIR, *(path for _, path in conf_dirs())]:
+    for folder in [CONF_DIR, *(Path(path) for _, path in conf_dirs())]:
         for path in sorted((folder / "method").glob("*.yaml")) if (folder / "method").is_dir() else ():
             chosen: dict[str, str] = {}
             for entry in OmegaConf.load(path).get("defaults", []) or []:
