@@ -80,10 +80,11 @@ def test_truth_is_chunked_with_fixed_seeds(monkeypatch):
     monkeypatch.setattr(truth_mod, "CHUNK", 6)
     trajs = [chain([1], [7, 8, 9, 9, 5], 0.0)]
     sampler, done = ScriptedSampler(), []
-    compute_truth(trajs, [0], [((0, 2), (2, 4), (4, 5))], sampler, k=4, seed=3, progress=done.append)
+    compute_truth(trajs, [0], [((0, 2), (2, 4), (4, 5))], sampler, k=4, seed=3,
+                  progress=lambda n, total: done.append((n, total)))
     assert [n for n, _ in sampler.calls] == [6, 6]
     assert [s for _, s in sampler.calls] == [truth_mod.chunk_seed(3, 0), truth_mod.chunk_seed(3, 1)]
-    assert done == [6, 6]
+    assert done == [(6, 12), (12, 12)]
 
 
 def test_a_chain_without_thoughts_gets_no_truth():

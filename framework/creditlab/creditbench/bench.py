@@ -241,15 +241,7 @@ class Bench:
         spans = [completion_spans(t.completion, delim, tokenizer.eos_token_id) for t in trajs]
         self.say(f"[credit-bench] {len(trajs)} chains of {len(self.problems)} prompts; valuing every "
                  f"thought boundary with K = {s.k} continuations")
-        total = s.k * len({(t.completion.prompt_ids, t.completion.response_ids[:a]) for t, sp in zip(trajs, spans) for a, _ in sp})
-        done = [0]
-
-        def tick(n: int) -> None:
-            done[0] += n
-            if progress is not None:
-                progress(done[0], total)
-
-        truth, counts = compute_truth(trajs, prompt_of, spans, sampler, s.k, self.seed + 1, tick)
+        truth, counts = compute_truth(trajs, prompt_of, spans, sampler, s.k, self.seed + 1, progress)
         truth_cost = {"seconds": time.perf_counter() - t0, "generated_tokens": float(sampler.take_generated_tokens())}
         noise_stats = noise(truth, counts["value_halves"])
         self.refuse_if_noisy(noise_stats)

@@ -102,6 +102,12 @@ def settle(credit: Arrays, digits: int = 6) -> list[np.ndarray]:
     return [np.round(np.asarray(c, dtype=float) / scale, digits) * scale for c in credit]
 
 
+def weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
+    """Mean of ``values`` (C,) with chain weights ``w`` (C,), NaN entries left out (NaN if none is left)."""
+    ok = ~np.isnan(values) & (w > 0)
+    return float(np.average(values[ok], weights=w[ok])) if ok.any() else float("nan")
+
+
 # -- one estimator's scores ---------------------------------------------------------------------------
 
 class CreditScorer:
@@ -126,16 +132,12 @@ class CreditScorer:
 
     def __call__(self, w: np.ndarray) -> dict[str, float]:
         """The scores with chain weights ``w`` (C,) (all ones: the sample itself)."""
-        def mean_of(values: np.ndarray) -> float:
-            ok = ~np.isnan(values) & (w > 0)
-            return float(np.average(values[ok], weights=w[ok])) if ok.any() else float("nan")
-
         big = float(w @ self.big)
         return {
             "spearman": _spearman(self.flat_truth, self.flat_credit, np.repeat(w, self.sizes)),
-            "spearman_within": mean_of(self.within),
+            "spearman_within": weighted_mean(self.within, w),
             "sign": float(w @ self.agree) / big if big > 0 else float("nan"),
-            "blame_hit": mean_of(self.blame),
+            "blame_hit": weighted_mean(self.blame, w),
             "error": scaled_error(w @ self.moments),
         }
 
@@ -152,11 +154,6 @@ def selector_outcomes(truth: Arrays, picks: Sequence[int], oracle: Sequence[int 
         "late": (p > m).astype(float),
         "oracle_exact": np.array([np.nan if o is None else float(q == o) for q, o in zip(p, oracle)]),
     }
-
-
-def weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
-    ok = ~np.isnan(values) & (w > 0)
-    return float(np.average(values[ok], weights=w[ok])) if ok.any() else float("nan")
 
 
 # -- bootstrap over prompts --------------------------------------------------------------------------

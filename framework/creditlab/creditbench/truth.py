@@ -64,7 +64,7 @@ def compute_truth(
     sample: SampleFn,
     k: int,
     seed: int,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[ChainTruth], dict[str, float]]:
     """Value every thought boundary of every chain by ``k`` continuations.
 
@@ -75,7 +75,7 @@ def compute_truth(
         sample: The run's sampler (samples and scores, counting generated tokens).
         k: Continuations per state (>= 2: the split-half needs two halves).
         seed: Seed of the continuations.
-        progress: Called with the number of continuations done after each chunk.
+        progress: Called with ``(continuations done, continuations in all)`` after each chunk.
 
     Returns:
         The truth per chain, and ``states`` / ``continuations`` counts and ``value_halves`` (the
@@ -98,7 +98,7 @@ def compute_truth(
         done = sample(owners[start : start + CHUNK], requests[start : start + CHUNK], chunk_seed(seed, n))
         rewards[start : start + len(done)] = [t.reward for t in done]
         if progress is not None:
-            progress(len(done))
+            progress(start + len(done), len(requests))
     r = rewards.reshape(len(states), k)
     value, se = r.mean(1), r.std(1, ddof=1) / np.sqrt(k)
     half_a, half_b = r[:, : k // 2].mean(1), r[:, k // 2 :].mean(1)
