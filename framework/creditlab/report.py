@@ -277,7 +277,7 @@ def to_markdown(items: list[Block]) -> str:
     return "\n".join(lines)
 
 
-def to_html(items: list[Block], out: Path) -> str:
+def to_html(items: list[Block], out: Path, title: str = "creditlab compare") -> str:
     e = html.escape
     body: list[str] = []
     for kind, *rest in items:
@@ -297,7 +297,7 @@ def to_html(items: list[Block], out: Path) -> str:
              "table{border-collapse:collapse;font-size:13px;margin:0.5em 0}"
              "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}"
              "th{background:#f3f3f3}.warn li{color:#8a4b00}img{max-width:100%}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>creditlab compare</title>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 

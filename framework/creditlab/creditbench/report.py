@@ -259,7 +259,7 @@ def write_report(result: BenchResult, out: str | Path) -> dict[str, Path]:
              "md": out / "report.md", "html": out / "report.html", "json": out / "bench.json"}
     items = blocks(result)
     paths["md"].write_text(to_markdown(items))
-    paths["html"].write_text(to_html(items, out).replace("<title>creditlab compare</title>", f"<title>{TITLE}</title>"))
+    paths["html"].write_text(to_html(items, out, title=TITLE))
     paths["json"].write_text(json.dumps(to_json(result), indent=2, default=str))
     return paths
 
