@@ -18,6 +18,8 @@ import inspect
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache
 
 try:  # transformers >= 4.56: per-layer cache objects
@@ -26,9 +28,20 @@ except ImportError:  # pragma: no cover - older transformers: no sharing, plain 
     DynamicLayer = None
 
 __all__ = [
-    "accepts_logits_to_keep", "branch_logits", "dynamic_rope", "position_ids", "response_logits",
-    "unique_rows",
+    "CACHE_KEY", "accepts_logits_to_keep", "branch_logits", "cache_of", "dynamic_rope",
+    "position_ids", "response_logits", "unique_rows",
 ]
+
+#: The keyword a model's forward takes its KV cache by, which is also the field of the output that
+#: returns it: ``transformers`` 5.24 renamed ``past_key_values`` to ``cache`` (the old name still
+#: works there but warns, and goes in 5.40). Call ``model(..., **{CACHE_KEY: cache})``.
+CACHE_KEY = "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache a model's forward returned (``output.cache``, or ``past_key_values`` before
+    ``transformers`` 5.24)."""
+    return getattr(output, CACHE_KEY)
 
 _DROPOUT_CONFIG_KEYS = (
     "attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
@@ -87,7 +100,7 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _unshareable_mode(model: Any) -> bool:
     """Whether the model's training mode forbids a shared prompt pass: dropout is active (each row
     would get the same dropout mask on its prompt) or gradient checkpointing is on (it drops
-    ``past_key_values``)."""
+    the KV cache)."""
     if not getattr(model, "training", False):
         return False
     for module in model.modules():
@@ -183,15 +196,15 @@ def response_logits(
         input_ids=input_ids[first, :p],
         attention_mask=prompt_mask,
         position_ids=position_ids(prompt_mask),
-        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **{CACHE_KEY: cache},
     )
     head = out.logits[:, -1:][inverse]  # (b, 1, V)
     if t == 1:
         return head.float()
     # 2. Gather the prompt KV to the rows (differentiable; gradients sum into the shared prompt).
-    cache = _select_cache(out.past_key_values, inverse.to(input_ids.device))
+    cache = _select_cache(cache_of(out), inverse.to(input_ids.device))
     # 3. The response columns but the last (its logits predict nothing) against the cache, with
     #    the full mask and positions counted over the whole row.
     mask = attention_mask[:, :-1]
@@ -199,8 +212,8 @@ def response_logits(
         input_ids=input_ids[:, p:-1],
         attention_mask=mask,
         position_ids=position_ids(mask)[:, p:],
-        past_key_values=cache,
         use_cache=True,
+        **{CACHE_KEY: cache},
     )
     return torch.cat([head, out.logits], dim=1).float()
 
@@ -249,9 +262,9 @@ def branch_logits(
         return None
     model_out = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        use_cache=True, logits_to_keep=1, **{CACHE_KEY: cache},
     )
-    trunk_cache = model_out.past_key_values
+    trunk_cache = cache_of(model_out)
     width = input_ids.shape[1]
     cols = torch.arange(width, device=input_ids.device)
     outs = []
@@ -265,7 +278,7 @@ def branch_logits(
         pos = (a - 1)[:, None] + torch.arange(ids.shape[1] + 1, device=ids.device)[None, :]
         out = model(
             input_ids=torch.cat([first, ids], dim=1), attention_mask=mask, position_ids=pos,
-            past_key_values=_select_cache(trunk_cache, r), use_cache=True,
+            use_cache=True, **{CACHE_KEY: _select_cache(trunk_cache, r)},
         )
         outs.append(out.logits[:, :-1].float())
     return torch.cat(outs) if outs else None

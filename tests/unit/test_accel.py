@@ -10,11 +10,12 @@ import copy
 import creditlab.accel as accel
 import pytest
 import torch
-from creditlab.accel import choose, tested_transformers
+from creditlab.accel import choose
 from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.hf import HFBackend
 from creditlab.backends.kv_cache import make_cache
 from creditlab.errors import ConfigError
+from creditlab.forward import CACHE_KEY, cache_of
 from creditlab.types import GenerationRequest, SamplingParams
 from packaging.specifiers import SpecifierSet
 
@@ -78,9 +79,9 @@ def _prefill(model, contexts, capacity):
     mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = make_cache(model, capacity)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                use_cache=True)
-    return out.past_key_values, mask, pos[:, -1], out.logits[:, -1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                **{CACHE_KEY: cache})
+    return cache_of(out), mask, pos[:, -1], out.logits[:, -1]
 
 
 A, B, C = (5, 6, 7, 8, 9), (10, 11), (12, 13, 14, 15, 16)
@@ -123,7 +124,7 @@ def test_steps_equal_model_forward(name, layout, budget, shared_min):
             last = last + 1
             mask = torch.cat([mask, mask.new_ones(len(last), 1)], dim=1)
             ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last[:, None],
-                        past_key_values=ref_cache, use_cache=True).logits[:, -1]
+                        use_cache=True, **{CACHE_KEY: ref_cache}).logits[:, -1]
             torch.testing.assert_close(dec.step(tok, last), ref, rtol=1e-5, atol=1e-5)
             logits = ref
         with pytest.raises(RuntimeError, match="decoding steps"):
@@ -229,7 +230,7 @@ def test_unsupported_models_and_caches_fall_back():
 # ------------------------------------------------------------------------------------------------
 def test_the_accelerator_choice_and_its_record(monkeypatch):
     model, tok = tiny_model_and_tokenizer(seed=0)
-    assert tested_transformers() is not None, "the accel extra states the tested transformers range"
+    assert accel.tested_transformers() is not None, "the accel extra states the tested transformers range"
     assert choose("auto", model).path == "fused" and choose("fused", model).path == "fused"
     assert choose("none", model).record() == {
         "requested": "none", "path": "none", "reason": "model.accelerator=none"}

@@ -34,7 +34,7 @@ from creditlab.backends.sampling import (
     split_stops,
     validate_sampling,
 )
-from creditlab.forward import accepts_logits_to_keep, position_ids
+from creditlab.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, position_ids
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
@@ -294,11 +294,11 @@ class HFBackend(GenerationBackend):
                     input_ids=ids[first],
                     attention_mask=mask[first, :cols],
                     position_ids=pos[first],
-                    past_key_values=cache,
                     use_cache=True,
+                    **{CACHE_KEY: cache},
                     **self._keep,
                 )
-                cache = out.past_key_values
+                cache = cache_of(out)
                 logits = out.logits[:, -1, :][inverse]
                 if fused is not None and plain_kv(cache):
                     fused.start(cache, inverse, mask[first, :width].bool() if has_pad else None,
@@ -314,12 +314,12 @@ class HFBackend(GenerationBackend):
                     input_ids=feed_ids,
                     attention_mask=mask[:, :cols],
                     position_ids=feed_pos,
-                    past_key_values=cache,
                     use_cache=use_cache,
+                    **{CACHE_KEY: cache},
                     **self._keep,
                 )
                 if use_cache:
-                    cache = out.past_key_values
+                    cache = cache_of(out)
                 logits = out.logits[:, -1, :]
             tok, logp, ent = sample_tokens(logits.float(), plan, gen)
             if all_alive:
