@@ -239,6 +239,81 @@ def test_recipe_entry_point() -> None:
     assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"seed": 1})
 
 
+def test_stop_at_pass1_arguments_and_cache_identity() -> None:
+    """``stop_at_pass1`` is checked; unset, it and its two companions leave the cache key of the
+    recipe as it was (existing warm starts stay valid); set, it makes a new one."""
+    import creditlab_arith.model as recipe
+
+    base = recipe.checkpoint_dir({})
+    assert recipe.checkpoint_dir({"stop_at_pass1": None, "validate_every": 7}) == base
+    stopped = recipe.checkpoint_dir({"stop_at_pass1": 0.5})
+    assert stopped != base and stopped != recipe.checkpoint_dir({"stop_at_pass1": 0.6})
+    assert recipe.checkpoint_dir({"stop_at_pass1": 0.5, "validate_every": 7}) != stopped
+    for bad in ({"stop_at_pass1": 1.5}, {"stop_at_pass1": 0}, {"stop_at_pass1": "high"},
+                {"validate_every": 0}, {"validation_problems": 2.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            recipe.resolve_args(bad)
+
+
+def test_warm_start_stops_at_the_first_check_that_reaches_the_target(capsys) -> None:
+    """Checks every ``validate_every`` steps, 4x as far apart while below half the target; the
+    first check at or above the target ends training there and is recorded."""
+    import creditlab_arith.model as recipe
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    data = [([1, 5, 6, 7, 2], 2, 1.0), ([1, 8, 9, 2], 1, 1.0)] * 4
+    args = {**recipe.resolve_args({"steps": 100, "batch_size": 4, "stop_at_pass1": 0.5,
+                                   "validate_every": 5}), "lr": 1e-3}
+    scores = iter([0.1, 0.3, 0.45, 0.6, 0.9])
+    seen: list[bool] = []
+
+    def validate() -> float:
+        seen.append(model.training)
+        return next(scores)
+
+    info = recipe._warm_start(model, data, 0, args, validate)
+    # 5: 0.1 < 0.25 -> next at 5 + 20; 25: 0.3 -> next at 30; 30: 0.45 -> 35; 35: 0.6 >= 0.5, stop
+    assert info["validation"] == [(5, 0.1), (25, 0.3), (30, 0.45), (35, 0.6)]
+    assert info["steps_run"] == 35 and seen == [True] * 4 and not model.training
+    assert "stopped at held-out greedy pass@1 0.600 >= 0.5" in capsys.readouterr().out
+    never = recipe._warm_start(model, data, 0, {**args, "steps": 12}, lambda: 0.3)
+    assert never["steps_run"] == 12 and never["validation"] == [(5, 0.3), (10, 0.3)]
+    assert "never reached 0.5" in capsys.readouterr().out
+    assert "validation" not in recipe._warm_start(model, data, 0, {**args, "steps": 2})
+    assert torch.isfinite(torch.tensor(info["final_loss"]))
+
+
+def test_greedy_pass1_checks_answers_as_the_verifier() -> None:
+    """The warm start's validation score: greedy generations checked like the ``arith`` verifier
+    (last box, integer), with the model's mode and the tokenizer's padding side restored."""
+    import creditlab_arith.model as recipe
+    import torch
+
+    tok = build_char_tokenizer()
+    task = small_task()
+    problems = task.load("test")[:3]
+    replies = ["1+1=\\boxed{" + problems[0].answer + "}</thought>", "no box", "\\boxed{-1}"]
+
+    class Scripted(torch.nn.Module):
+        """Answers problem i with replies[i] after its (left-padded) prompt."""
+
+        def generate(self, input_ids, attention_mask, **kw):
+            assert kw["do_sample"] is False and tok.padding_side == "left"
+            assert bool((attention_mask[:, -1] == 1).all())  # left padding
+            rows = [tok(r, add_special_tokens=False)["input_ids"] for r in replies[: len(input_ids)]]
+            width = max(map(len, rows))
+            tail = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+            return torch.cat([input_ids, tail], dim=1)
+
+    model = Scripted().train()
+    tok.padding_side = "right"
+    assert recipe.greedy_pass1(model, tok, problems) == pytest.approx(1 / 3)
+    assert model.training and tok.padding_side == "right"
+
+
 def test_supervised_problems_are_fresh_and_disjoint_from_the_task() -> None:
     """The warm start never sees a problem of the task's train or test split (RL and held-out
     evaluation run on problems it did not fit), and draws them deterministically."""
@@ -260,7 +335,7 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
     import random
 
     from creditlab_arith.localization import corrupted_thoughts, worked_localization
-    from creditlab_arith.model import _examples
+    from creditlab_arith.model import _examples, sft_problems
     from creditlab_arith.task import last_boxed
     from creditlab_resets.localize import parse_localization
 
@@ -276,11 +351,11 @@ def test_localization_examples_blame_the_corrupted_step() -> None:
             assert parse_localization(worked, n) == (k + 1, "boxed")
             assert worked.count(" ok") == k and worked.count(" no ") == 1
     tok = build_char_tokenizer()
-    data = _examples(task, tok, 0.5, seed=0, n_problems=300)
+    data = _examples(task, tok, 0.5, seed=0, problems=sft_problems(task, 300))
     assert len(data) == 300 + 150
     ids, n_prompt, weight = data[-1]
     assert {w for *_, w in data} == {1.0}  # unweighted by default
-    weighted = _examples(task, tok, 0.5, seed=0, n_problems=300, localization_weight=20.0)
+    weighted = _examples(task, tok, 0.5, seed=0, problems=sft_problems(task, 300), localization_weight=20.0)
     assert [w for *_, w in weighted] == [1.0] * 300 + [20.0] * 150  # solutions, then localization
     assert [r[:2] for r in weighted] == [r[:2] for r in data]
     prompt, answer = tok.decode(ids[:n_prompt]), tok.decode(ids[n_prompt:], skip_special_tokens=True)
@@ -324,14 +399,14 @@ def test_worked_localization_ignores_numbering_and_builds_examples() -> None:
     import random
 
     from creditlab_arith.localization import corrupted_thoughts, worked_localization
-    from creditlab_arith.model import _examples
+    from creditlab_arith.model import _examples, sft_problems
 
     task = small_task()
     rng = random.Random(1)
     p = task.load("train")[0]
     assert worked_localization(p, ["1:" + t for t in corrupted_thoughts(p, 0, rng, 12)]).endswith("\\boxed{1}")
     tok = build_char_tokenizer()
-    data = _examples(task, tok, 0.5, seed=0, n_problems=40, localization_answer="worked")
+    data = _examples(task, tok, 0.5, seed=0, problems=sft_problems(task, 40), localization_answer="worked")
     ids, n_prompt, _ = data[-1]
     assert " ok" in tok.decode(ids[n_prompt:]) or " no " in tok.decode(ids[n_prompt:])
 
