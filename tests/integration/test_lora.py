@@ -44,6 +44,9 @@ def test_lora_run_trains_and_resumes_exactly(runs):
     assert stable(resumed) == stable(full)
 
 
+# peft 0.21.2's PeftModel.from_pretrained calls transformers 5.24's deprecated is_gradient_checkpointing
+# (peft's call, not creditlab's; creditlab.models silences the same warning around get_peft_model)
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 def test_checkpoint_and_peft_adapter_reproduce_the_trained_policy(runs):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
