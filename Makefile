@@ -24,9 +24,12 @@ VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.creditlab-installed
 VLOCK := locks/vllm.txt
 
-# venv VENV_BIN: a venv at $(dir VENV_BIN) with the lock's uv in it (pip-installed)
+# venv VENV_BIN: a venv at $(dir VENV_BIN) with the lock's uv in it, pip-installed from PyPI
+# (--isolated first: a machine's pip config, e.g. extra indexes without uv, would print warnings)
+PIP_UV = $(1)/python -m pip install -q --disable-pip-version-check
 VENV_WITH_UV = test -x $(1)/python || $(PY) -m venv $(dir $(1)); \
-	test -x $(1)/uv && $(1)/uv --version | grep -q "$(subst uv==,,$(UV_PIN))" || $(1)/python -m pip install -q "$(UV_PIN)" || true
+	test -x $(1)/uv && $(1)/uv --version | grep -q "$(subst uv==,,$(UV_PIN))" \
+	|| $(PIP_UV) --isolated "$(UV_PIN)" || $(PIP_UV) "$(UV_PIN)" || true
 # sync VENV_BIN LOCK: exactly the lock's packages, then creditlab (editable, no dependencies)
 SYNC = ($(1)/uv pip sync -q --python $(1)/python --require-hashes $(2) \
 	  || $(1)/python -m pip install -q --no-deps --require-hashes -r $(2)) \
