@@ -39,7 +39,7 @@ SYNC = ($(1)/uv pip sync -q --python $(1)/python --require-hashes $(2) \
 COMPILE = $(BIN)/uv pip compile -q --upgrade --generate-hashes --python $(BIN)/python \
 	--annotation-style line -o $(1) $(2)
 
-.PHONY: setup demo test test-fast bench clean setup-vllm test-vllm bench-vllm lock
+.PHONY: setup demo demo-check test test-fast bench clean setup-vllm test-vllm bench-vllm lock
 
 setup:  ## .venv, exactly locks/main.txt (synced at every target: ~1 s when nothing changed)
 	@$(call VENV_WITH_UV,$(BIN))
@@ -48,6 +48,9 @@ setup:  ## .venv, exactly locks/main.txt (synced at every target: ~1 s when noth
 
 demo: setup  ## the embedded default: arith task + tiny local model, GRPO, on the CPU
 	$(BIN)/creditlab train $(ARGS)
+
+demo-check: setup  ## the demo on every stand-in for another CPU (seeds 0-2, AVX2 kernels); fails below +0.05
+	$(BIN)/python sweeps/demo_check.py $(ARGS)
 
 test: setup  ## the whole suite (unit, contract, config, integration)
 	$(BIN)/python -m pytest -q $(ARGS)
