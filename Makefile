@@ -74,7 +74,8 @@ bench: setup  ## creditlab's GRPO step against TRL's (trl is in the lock through
 
 lock:  ## refresh locks/main.txt and locks/vllm.txt to the newest releases (commit it with test results)
 	$(call VENV_WITH_UV,$(BIN))
-	$(call COMPILE,$(LOCK),pyproject.toml locks/main.in --extra test --extra bench)
+	$(call COMPILE,$(LOCK),pyproject.toml locks/main.in --extra test --extra bench --extra gguf \
+		--override locks/main-overrides.txt)
 	$(call COMPILE,$(VLOCK),pyproject.toml locks/vllm.in --extra test --override locks/vllm-overrides.txt)
 	@echo "Locks refreshed: run 'make test' and 'make test-vllm' (they resync the venvs) and commit"
 	@echo "the locks on their own with the results (locks/README.md)."

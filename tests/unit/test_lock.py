@@ -23,7 +23,7 @@ pytestmark = pytest.mark.lock
 ROOT = Path(__file__).resolve().parents[2]
 STAMP = Path(sys.prefix) / ".creditlab-installed"
 #: Lock -> the extras of pyproject.toml it was compiled with (the Makefile's ``lock`` target).
-LOCKS = {"locks/main.txt": {"test", "bench"}, "locks/vllm.txt": {"test"}}
+LOCKS = {"locks/main.txt": {"test", "bench", "gguf"}, "locks/vllm.txt": {"test"}}
 #: Installed beside a lock on purpose: the project itself, and the venv's own bootstrap pip.
 NOT_LOCKED = {"creditlab", "pip"}
 
