@@ -163,13 +163,25 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
         The checkpoint directory, as a string.
     """
     resolved = resolve_args(args)
-    final = checkpoint_dir(resolved)
+    return build_cached(checkpoint_dir(resolved), lambda tmp: _train(resolved, tmp))
+
+
+def build_cached(final: Path, build: Callable[[Path], dict[str, Any]]) -> str:
+    """``final`` as a finished checkpoint directory, built by ``build`` unless it is already one.
+
+    ``build(tmp)`` writes the checkpoint into a fresh directory beside ``final`` and returns what
+    goes into its :data:`MARKER` file (written last); the directory is then renamed to ``final``.
+    An interrupted build leaves no ``final``; of two processes building at once, one copy wins.
+
+    Returns:
+        ``final``, as a string.
+    """
     if (final / MARKER).is_file():
         return str(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        info = _train(resolved, tmp)
+        info = build(tmp)
         (tmp / MARKER).write_text(json.dumps(info, indent=2, sort_keys=True))
         if final.exists():  # an incomplete leftover, or another process won the race
             if (final / MARKER).is_file():
@@ -274,7 +286,7 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             float(args["localization_weight"]), str(args["localization_answer"]),
         )
         validate = (lambda: greedy_pass1(model, tokenizer, problems[n_sft:])) if n_val else None
-        loss = _warm_start(model, data, tokenizer.pad_token_id, args, validate)
+        loss = warm_start(model, data, tokenizer.pad_token_id, args, validate)
     finally:
         torch.set_num_threads(old_threads)
     model.generation_config = GenerationConfig(
@@ -311,18 +323,26 @@ def split_by_length(rows: list[tuple[list[int], int, float]]) -> list[list[tuple
 
 
 @torch.no_grad()
-def greedy_pass1(model: Any, tokenizer: Any, problems: list[Any], max_new_tokens: int = 96) -> float:
+def greedy_pass1(
+    model: Any, tokenizer: Any, problems: list[Any], max_new_tokens: int = 96,
+    encode: Callable[[str], list[int]] | None = None, batch_size: int = 256,
+) -> float:
     """Greedy pass@1 of ``model`` on ``problems`` (``model.generate`` on left-padded batches of
-    256 prompts, each answer checked as the ``arith`` verifier checks it). The model's training
-    mode and the tokenizer's padding side are restored afterwards."""
+    ``batch_size`` prompts, each answer checked as the ``arith`` verifier checks it). ``encode``
+    turns a prompt into ids (default: the tokenizer with its special tokens; a chat model passes
+    its chat-template encoding). The model's training mode and the tokenizer's padding side are
+    restored afterwards."""
     training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
     correct = 0
     try:
-        for i in range(0, len(problems), 256):
-            batch = problems[i : i + 256]
-            enc = tokenizer([p.prompt for p in batch], return_tensors="pt", padding=True)
+        for i in range(0, len(problems), batch_size):
+            batch = problems[i : i + batch_size]
+            if encode is None:
+                enc = tokenizer([p.prompt for p in batch], return_tensors="pt", padding=True)
+            else:
+                enc = tokenizer.pad({"input_ids": [list(encode(p.prompt)) for p in batch]}, return_tensors="pt")
             out = model.generate(
                 **enc, max_new_tokens=max_new_tokens, do_sample=False,
                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -335,9 +355,9 @@ def greedy_pass1(model: Any, tokenizer: Any, problems: list[Any], max_new_tokens
     return correct / max(1, len(problems))
 
 
-def _warm_start(
+def warm_start(
     model: torch.nn.Module, data: list[tuple[list[int], int, float]], pad_id: int, args: dict[str, Any],
-    validate: Callable[[], float] | None = None,
+    validate: Callable[[], float] | None = None, name: str = "arith_tiny",
 ) -> dict[str, Any]:
     """Supervised warm start: AdamW, linear warmup then cosine decay, epoch-wise shuffling.
 
@@ -368,7 +388,7 @@ def _warm_start(
     order: list[int] = []
     model.train()
     start, first, ema = time.time(), float("nan"), float("nan")
-    bar = _progress(steps)
+    bar = _progress(steps, name)
     target, every = args["stop_at_pass1"], int(args["validate_every"])
     checks: list[tuple[int, float]] = []
     next_check, stopped = every, None
@@ -409,7 +429,7 @@ def _warm_start(
     model.eval()
     seconds = time.time() - start
     ran = stopped or steps
-    print(f"[arith_tiny] warm start: {ran} steps in {seconds:.1f}s, loss {first:.3f} -> {ema:.3f}"
+    print(f"[{name}] warm start: {ran} steps in {seconds:.1f}s, loss {first:.3f} -> {ema:.3f}"
           + (f"; stopped at held-out greedy pass@1 {checks[-1][1]:.3f} >= {target}" if stopped else "")
           + (f"; never reached {target} (last check {checks[-1][1]:.3f})" if checks and not stopped else ""))
     info: dict[str, Any] = {"first_loss": first, "final_loss": ema, "seconds": seconds, "steps_run": ran}
@@ -418,14 +438,14 @@ def _warm_start(
     return info
 
 
-def _progress(total: int) -> Any:
+def _progress(total: int, name: str = "arith_tiny") -> Any:
     """A callable ``(step, loss)`` that updates a progress bar (tqdm) or prints now and then."""
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm ships with transformers
         tqdm = None
     if tqdm is not None:
-        bar = tqdm(total=total, desc="arith_tiny warm start", leave=False, mininterval=1.0)
+        bar = tqdm(total=total, desc=f"{name} warm start", leave=False, mininterval=1.0)
 
         def update(step: int, loss: float) -> None:
             bar.update(1)
@@ -438,6 +458,6 @@ def _progress(total: int) -> Any:
 
     def fallback(step: int, loss: float) -> None:
         if step % max(1, total // 10) == 0 or step == total - 1:
-            print(f"[arith_tiny] step {step + 1}/{total} loss {loss:.3f}")
+            print(f"[{name}] step {step + 1}/{total} loss {loss:.3f}")
 
     return fallback

@@ -274,15 +274,15 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(capsys) -> 
         seen.append(model.training)
         return next(scores)
 
-    info = recipe._warm_start(model, data, 0, args, validate)
+    info = recipe.warm_start(model, data, 0, args, validate)
     # 5: 0.1 < 0.25 -> next at 5 + 20; 25: 0.3 -> next at 30; 30: 0.45 -> 35; 35: 0.6 >= 0.5, stop
     assert info["validation"] == [(5, 0.1), (25, 0.3), (30, 0.45), (35, 0.6)]
     assert info["steps_run"] == 35 and seen == [True] * 4 and not model.training
     assert "stopped at held-out greedy pass@1 0.600 >= 0.5" in capsys.readouterr().out
-    never = recipe._warm_start(model, data, 0, {**args, "steps": 12}, lambda: 0.3)
+    never = recipe.warm_start(model, data, 0, {**args, "steps": 12}, lambda: 0.3)
     assert never["steps_run"] == 12 and never["validation"] == [(5, 0.3), (10, 0.3)]
     assert "never reached 0.5" in capsys.readouterr().out
-    assert "validation" not in recipe._warm_start(model, data, 0, {**args, "steps": 2})
+    assert "validation" not in recipe.warm_start(model, data, 0, {**args, "steps": 2})
     assert torch.isfinite(torch.tensor(info["final_loss"]))
 
 
