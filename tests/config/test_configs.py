@@ -130,3 +130,16 @@ def test_localization_budget_follows_the_model():
     assert dict(cfg.model.recipe_args) == {
         "stop_at_pass1": None, "localization": 0.5, "localization_answer": "resolve", "steps": 2000,
     }  # tiny's early stop switched off: localization is learned late
+
+
+@pytest.mark.parametrize("method", ["grpo", "srpo", "oar_g"])
+def test_the_real_model_experiment_composes_with_any_preset(method):
+    """experiment=smollm2_arith_grpo (docs/real-model.md): the warm-started SmolLM2 on arith, its
+    held-out greedy score on 500 problems; the method stays a free choice."""
+    cfg = compose(["experiment=smollm2_arith_grpo", f"method={method}"])
+    checked = validate(cfg)
+    m = checked["model"]
+    assert (m.name_or_path, m.recipe, m.recipe_args["stop_at_pass1"]) == (None, "smollm2_135m_sft", 0.3)
+    assert m.hints["localization_template"] == "paper" and cfg.method == method
+    assert (cfg.prompts_per_step, cfg.rollout.group_size, cfg.trainer.max_steps) == (8, 8, 40)
+    assert (cfg.eval.problems, cfg.eval.samples, cfg.task.name) == (500, 0, "arith")

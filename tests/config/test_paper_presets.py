@@ -11,7 +11,9 @@ from creditlab.config import PART_KINDS, validate
 from creditlab.errors import ConfigError
 
 # The testbed presets (credit_h<H>, docs/methods/horizon.md) are checked with their sweep.
-EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml") if not p.stem.startswith("credit_"))
+#: Experiments that are not the paper's settings: the credit testbeds and the offline real-model runs.
+NOT_PAPER = ("credit_", "smollm2_")
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml") if not p.stem.startswith(NOT_PAPER))
 METHODS = ("srpo", "rrpo", "grpo", "oar_g", "rredcot")
 MODELS = {"olmo3_7b": ("allenai/Olmo-3-7B-Instruct", 2), "qwen25_14b": ("Qwen/Qwen2.5-14B-Instruct", 4)}
 
