@@ -94,29 +94,41 @@ def cache_root() -> Path:
     return Path(os.environ.get("CREDITLAB_CACHE") or Path.home() / ".cache" / "creditlab")
 
 
+def merge_args(recipe: str, defaults: Mapping[str, Any], args: Mapping[str, Any] | None, hint: str = "") -> dict[str, Any]:
+    """``args`` merged over a recipe's ``defaults``.
+
+    Raises:
+        ValueError: A key ``defaults`` lacks, named with the valid ones (and ``hint``).
+    """
+    args = dict(args or {})
+    unknown = sorted(set(args) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown {recipe} argument(s) {unknown}; valid: {', '.join(sorted(defaults))}{hint}")
+    return {**defaults, **args}
+
+
+def check_task_and_stop(recipe: str, out: dict[str, Any]) -> None:
+    """Resolve ``out["task"]`` (ArithTask.Config overrides) to a full task config in place, and
+    check ``out["stop_at_pass1"]`` (null or in (0, 1]); ValueError naming the recipe otherwise."""
+    fields = {f.name for f in dataclasses.fields(ArithTask.Config)}
+    task = dict(out["task"] or {})
+    bad = sorted(set(task) - fields)
+    if bad:
+        raise ValueError(f"unknown task option(s) {bad} for {recipe}; valid: {sorted(fields)}")
+    out["task"] = dataclasses.asdict(ArithTask.Config(**task))
+    stop = out["stop_at_pass1"]
+    if stop is not None and not (isinstance(stop, (int, float)) and 0 < stop <= 1):
+        raise ValueError(f"{recipe}: stop_at_pass1 must be null or in (0, 1], got {stop!r}")
+
+
 def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     """Merge ``args`` over :data:`DEFAULTS`, validating keys and the task overrides.
 
     Raises:
         ValueError: On an unknown key (recipe or task).
     """
-    args = dict(args or {})
-    unknown = sorted(set(args) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"unknown arith_tiny argument(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))} "
-            f"(task options go under 'task')"
-        )
-    out = {**DEFAULTS, **args}
-    fields = {f.name for f in dataclasses.fields(ArithTask.Config)}
-    task = dict(out["task"] or {})
-    bad = sorted(set(task) - fields)
-    if bad:
-        raise ValueError(f"unknown task option(s) {bad} for arith_tiny; valid: {sorted(fields)}")
-    out["task"] = dataclasses.asdict(ArithTask.Config(**task))
-    stop = out["stop_at_pass1"]
-    if stop is not None and not (isinstance(stop, (int, float)) and 0 < stop <= 1):
-        raise ValueError(f"arith_tiny: stop_at_pass1 must be null or in (0, 1], got {stop!r}")
+    out = merge_args("arith_tiny", DEFAULTS, args, " (task options go under 'task')")
+    check_task_and_stop("arith_tiny", out)
     for key in _STOP_ARGS:
         if not (isinstance(out[key], int) and out[key] > 0):
             raise ValueError(f"arith_tiny: {key} must be a positive integer, got {out[key]!r}")

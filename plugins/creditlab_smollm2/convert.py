@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from creditlab_arith.model import build_cached, cache_root
+from creditlab_arith.model import build_cached, cache_root, merge_args
 
 #: The hub id of the model this recipe converts (for reference; the recipe itself is offline).
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -68,11 +68,7 @@ def gguf_path(path: str | None = None) -> Path:
 
 def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     """Merge ``args`` over :data:`DEFAULTS`, validating them (ValueError on a bad key or value)."""
-    args = dict(args or {})
-    unknown = sorted(set(args) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown smollm2_135m argument(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}")
-    out = {**DEFAULTS, **args}
+    out = merge_args("smollm2_135m", DEFAULTS, args)
     if out["dtype"] not in ("float32", "bfloat16"):
         raise ValueError(f"smollm2_135m: dtype must be float32 or bfloat16, got {out['dtype']!r}")
     return out
@@ -83,10 +79,7 @@ def checkpoint_dir(args: Mapping[str, Any] | None = None) -> Path:
     arguments and the GGUF file's name, size and package version."""
     resolved = resolve_args(args)
     source = gguf_path(resolved["gguf"])
-    try:
-        version = importlib.metadata.version(PACKAGE) if resolved["gguf"] is None else None
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - gguf_path checked it
-        version = None
+    version = importlib.metadata.version(PACKAGE) if resolved["gguf"] is None else None  # gguf_path found it
     blob = json.dumps({"recipe": RECIPE_VERSION, "dtype": resolved["dtype"], "file": source.name,
                        "size": source.stat().st_size, "package": version}, sort_keys=True)
     return cache_root() / "models" / f"smollm2_135m-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
@@ -115,9 +108,7 @@ def _convert(source: Path, dtype: str, out_dir: Path) -> dict[str, Any]:
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the dequantized weights are plain floats
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    result = model.load_state_dict(loaded.state_dict(), strict=True)
-    if result.missing_keys or result.unexpected_keys:  # pragma: no cover - strict raises first
-        raise RuntimeError(f"smollm2_135m: state dict mismatch {result}")
+    model.load_state_dict(loaded.state_dict(), strict=True)  # every key, or it raises
     model.generation_config = loaded.generation_config
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -28,7 +28,6 @@ disjoint from both of its splits (``creditlab_arith.model.sft_problems``). Full 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -36,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from creditlab_arith.localization import localization_example
-from creditlab_arith.model import build_cached, cache_root, greedy_pass1, sft_problems, warm_start
+from creditlab_arith.model import (
+    build_cached, cache_root, check_task_and_stop, greedy_pass1, merge_args, sft_problems, warm_start,
+)
 from creditlab_arith.task import ArithTask
 from creditlab_smollm2 import convert
 
@@ -67,20 +68,9 @@ DEFAULTS: dict[str, Any] = {
 
 def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     """Merge ``args`` over :data:`DEFAULTS`, validating them (ValueError naming the bad key)."""
-    args = dict(args or {})
-    unknown = sorted(set(args) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown smollm2_135m_sft argument(s) {unknown}; valid: {', '.join(sorted(DEFAULTS))}")
-    out = {**DEFAULTS, **args}
-    fields = {f.name for f in dataclasses.fields(ArithTask.Config)}
-    bad = sorted(set(out["task"] or {}) - fields)
-    if bad:
-        raise ValueError(f"unknown task option(s) {bad} for smollm2_135m_sft; valid: {sorted(fields)}")
-    out["task"] = dataclasses.asdict(ArithTask.Config(**dict(out["task"] or {})))
+    out = merge_args("smollm2_135m_sft", DEFAULTS, args)
+    check_task_and_stop("smollm2_135m_sft", out)
     out["base"] = convert.resolve_args(out["base"])
-    stop = out["stop_at_pass1"]
-    if stop is not None and not (isinstance(stop, (int, float)) and 0 < stop <= 1):
-        raise ValueError(f"smollm2_135m_sft: stop_at_pass1 must be null or in (0, 1], got {stop!r}")
     for key in ("steps", "batch_size", "sft_problems", "validation_problems", "validate_every", "max_new_tokens"):
         if isinstance(out[key], bool) or not (isinstance(out[key], int) and out[key] > 0):
             raise ValueError(f"smollm2_135m_sft: {key} must be a positive integer, got {out[key]!r}")
