@@ -19,6 +19,7 @@ OUTCOMES = ("correct", "wrong", "no_answer", "timeout", "error")
 
 _BOXED_RE = re.compile(r"\\boxed\{([^{}]*)\}")
 _INT_RE = re.compile(r"[+-]?\d{1,12}")
+_LAST_INT_RE = re.compile(r"(?<![\d-])-?\d{1,12}(?!\d)")
 
 
 def last_boxed(text: str) -> str | None:
@@ -39,12 +40,26 @@ def parse_int(text: str | None) -> int | None:
     return int(text)
 
 
+def last_int(text: str) -> int | None:
+    """The last integer written in ``text`` (at most 12 digits; a longer digit run is not one),
+    or ``None``."""
+    last = None
+    for last in _LAST_INT_RE.finditer(text):
+        pass
+    return int(last.group(0)) if last is not None else None
+
+
 def check(gold: str, text: str) -> dict[str, Any]:
-    """``{"parsed", "outcome"}`` of one completion: ``correct`` when its last box holds the
-    integer ``gold``, ``no_answer`` without a complete box, else ``wrong``."""
+    """``{"parsed", "outcome", "lenient"}`` of one completion: ``correct`` when its last box
+    holds the integer ``gold`` (the strict reading, the reward), ``no_answer`` without a complete
+    box, else ``wrong``; ``lenient`` reads the box when it holds an integer and otherwise the last
+    integer written (the answer given in the wrong format: "so the answer is 32", or an empty
+    ``\\boxed{}`` after it)."""
     parsed = last_boxed(text)
-    if parsed is None:
-        return {"parsed": None, "outcome": "no_answer"}
     expected = parse_int(gold)
-    correct = expected is not None and parse_int(parsed) == expected
-    return {"parsed": parsed, "outcome": "correct" if correct else "wrong"}
+    boxed = parse_int(parsed)
+    lenient = expected is not None and (boxed if boxed is not None else last_int(text)) == expected
+    if parsed is None:
+        return {"parsed": None, "outcome": "no_answer", "lenient": lenient}
+    correct = expected is not None and boxed == expected
+    return {"parsed": parsed, "outcome": "correct" if correct else "wrong", "lenient": lenient}

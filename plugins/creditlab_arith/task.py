@@ -9,6 +9,7 @@ Format (one operation per thought, the final answer folded into the last operati
 Every running value stays in ``[0, max_value]``: an operation is only drawn if its result does,
 so the arithmetic is exact (no modulo). The step oracle checks each thought against the gold
 step for its position and reports the first wrong one (see :func:`first_wrong_thought`).
+``render=words`` tells the same problems as word problems (:mod:`creditlab_arith.words`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from creditlab import Problem, Task
 
+from creditlab_arith import words
 from creditlab_arith.answer import last_boxed, parse_int
 
 #: The supported operators (applied left to right, one per step).
@@ -32,6 +34,11 @@ BOXED = "\\boxed{"
 _STEP_RE = re.compile(
     r"^(?:(\d+)\s*:\s*)?(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$"
 )
+# An equation anywhere in a sentence (``render=words``): "<lhs> <op> <operand> = <result>", with
+# "×" or "x" allowed for "*".
+_PROSE_STEP_RE = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))")
+#: Text renderings of the problems (``task.render``).
+RENDERS = ("symbolic", "words")
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
@@ -72,9 +79,22 @@ def _clean(thought: str, delimiter: str) -> str:
     return thought
 
 
-def parse_step(thought: str) -> tuple[int | None, int, str, int, int] | None:
+def parse_step(thought: str, prose: bool = False) -> tuple[int | None, int, str, int, int] | None:
     """``(label, lhs, op, operand, result)`` of a thought ``"[<k>:]<lhs><op><operand>=<result>"``
-    (result plain or boxed; ``label`` None when unlabelled), or ``None`` if it is not one."""
+    (result plain or boxed; ``label`` None when unlabelled), or ``None`` if it is not one.
+
+    With ``prose`` (the ``words`` rendering) the thought is a sentence and its *last* equation
+    ``"<lhs> <op> <operand> = <result>"`` is the step (``×``/``x`` read as ``*``; no label).
+    """
+    if prose:
+        m = None
+        for m in _PROSE_STEP_RE.finditer(thought):  # the last equation is the step
+            pass
+        if m is None:
+            return None
+        got = m.group(4) if m.group(4) is not None else m.group(5)
+        op = "*" if m.group(2) in "×x" else m.group(2)
+        return None, int(m.group(1)), op, int(m.group(3)), int(got)
     m = _STEP_RE.match(thought)
     if m is None:
         return None
@@ -84,14 +104,15 @@ def parse_step(thought: str) -> tuple[int | None, int, str, int, int] | None:
 
 
 def step_is_correct(
-    thought: str, lhs: int, op: str, operand: int, result: int, label: int | None = None
+    thought: str, lhs: int, op: str, operand: int, result: int, label: int | None = None,
+    prose: bool = False,
 ) -> bool:
     """Whether ``thought`` states ``lhs op operand = result`` (result plain or boxed).
 
     A leading step label ``"<k>:"`` is optional; when present it must equal ``label`` (a
-    thought labelled with no ``label`` expected is malformed).
+    thought labelled with no ``label`` expected is malformed). ``prose``: see :func:`parse_step`.
     """
-    step = parse_step(thought)
+    step = parse_step(thought, prose)
     if step is None or (step[0] is not None and step[0] != label):
         return False
     return step[1:] == (lhs, op, operand, result)
@@ -103,6 +124,7 @@ def first_wrong_thought(
     start: int,
     steps: Sequence[tuple[str, int, int]],
     delimiter: str = "</thought>",
+    prose: bool = False,
 ) -> int | None:
     """The step oracle: 0-based index of the first wrong thought, or ``None`` if all are right.
 
@@ -120,6 +142,7 @@ def first_wrong_thought(
         start: The starting value.
         steps: Gold ``(op, operand, result)`` per step.
         delimiter: Removed from the end of a thought before checking.
+        prose: Thoughts are sentences (``render=words``): each one's last equation is its step.
 
     Returns:
         The index of the first wrong thought, or ``None``.
@@ -127,7 +150,7 @@ def first_wrong_thought(
     clean = [_clean(t, delimiter) for t in thoughts]
     value = start
     for i, (op, operand, result) in enumerate(steps):
-        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result, i + 1):
+        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result, i + 1, prose):
             return i
         value = result
     answers = [(i, last_boxed(t)) for i, t in enumerate(clean)]
@@ -162,6 +185,9 @@ class ArithTask(Task):
             numbered: Label the operations ``"k:"`` in the prompt and in the thoughts (the
                 step lookup is then a copy of what follows ``"k:"``, which a tiny model learns
                 much faster than counting steps).
+            render: ``symbolic`` (``"Start 7, +5, *3, -4. "``) or ``words``: the same problems
+                as word problems with sentence thoughts (:mod:`creditlab_arith.words`), for
+                real language models.
         """
 
         num_train: int = 2000
@@ -174,6 +200,7 @@ class ArithTask(Task):
         seed: int = 0
         delimiter: str = "</thought>"
         numbered: bool = False
+        render: str = "symbolic"
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -186,6 +213,10 @@ class ArithTask(Task):
             raise ValueError("task needs 1 <= max_operand <= max_value")
         if not c.delimiter:
             raise ValueError("task.delimiter must be non-empty")
+        if c.render not in RENDERS:
+            raise ValueError(f"task.render must be one of {RENDERS}, got {c.render!r}")
+        if c.render == "words" and c.numbered:
+            raise ValueError("task.numbered labels symbolic steps; use it with task.render=symbolic")
         self._cache: dict[str, list[Problem]] = {}
 
     # -- generation ----------------------------------------------------------------------------
@@ -220,6 +251,9 @@ class ArithTask(Task):
             shown = f"{BOXED}{result}}}" if i == len(steps) - 1 else str(result)
             thoughts.append(f"{tag(i + 1)}{value}{op}{b}={shown}")
             value = result
+        prose = self.config.render == "words"
+        if prose:
+            prompt, thoughts = words.render(start, steps)
         solution = "".join(t + delim for t in thoughts)
         steps_t = tuple((op, int(b), int(r)) for op, b, r in steps)
         return Problem(
@@ -234,7 +268,7 @@ class ArithTask(Task):
                 "solution": solution,
             },
             oracle=functools.partial(
-                first_wrong_thought, start=start, steps=steps_t, delimiter=delim
+                first_wrong_thought, start=start, steps=steps_t, delimiter=delim, prose=prose
             ),
         )
 

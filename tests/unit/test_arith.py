@@ -157,31 +157,37 @@ def test_problem_oracle_matches_verifier() -> None:
 
 # -- verifier ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    ("text", "reward", "parsed", "outcome"),
+    ("text", "reward", "parsed", "outcome", "lenient"),
     [
-        ("7+5=\\boxed{12}</thought>", 1.0, "12", "correct"),
-        ("\\boxed{ +12 }", 1.0, "+12", "correct"),
-        ("\\boxed{13}", 0.0, "13", "wrong"),
-        ("the answer is 12", 0.0, None, "no_answer"),
-        ("\\boxed{13} then \\boxed{12}", 1.0, "12", "correct"),  # last boxed wins
-        ("\\boxed{12} then \\boxed{13}", 0.0, "13", "wrong"),
-        ("\\boxed{12.5}", 0.0, "12.5", "wrong"),
-        ("\\boxed{12", 0.0, None, "no_answer"),
-        ("}{\\boxed{{\x00\ufffd</thought>" * 3, 0.0, None, "no_answer"),  # garbage
-        ("\\boxed{}", 0.0, "", "wrong"),
+        ("7+5=\\boxed{12}</thought>", 1.0, "12", "correct", True),
+        ("\\boxed{ +12 }", 1.0, "+12", "correct", True),
+        ("\\boxed{13}", 0.0, "13", "wrong", False),
+        ("the answer is 12", 0.0, None, "no_answer", True),  # lenient: the last integer
+        ("the answer is 12.", 0.0, None, "no_answer", True),
+        ("12 apples, or 13", 0.0, None, "no_answer", False),
+        ("7+5=12. The answer is \\boxed{}.", 0.0, "", "wrong", True),  # an empty box: the last integer
+        ("\\boxed{13} then 12", 0.0, "13", "wrong", False),  # a boxed integer is the answer
+        ("\\boxed{13} then \\boxed{12}", 1.0, "12", "correct", True),  # last boxed wins
+        ("\\boxed{12} then \\boxed{13}", 0.0, "13", "wrong", False),
+        ("\\boxed{12.5}", 0.0, "12.5", "wrong", False),
+        ("\\boxed{12", 0.0, None, "no_answer", True),
+        ("9012", 0.0, None, "no_answer", False),  # digits of a longer number are not 12
+        ("1234567890123", 0.0, None, "no_answer", False),  # over 12 digits: not an integer
+        ("}{\\boxed{{\x00\ufffd</thought>" * 3, 0.0, None, "no_answer", False),  # garbage
+        ("\\boxed{}", 0.0, "", "wrong", False),
     ],
 )
-def test_verifier_table(text: str, reward: float, parsed: str | None, outcome: str) -> None:
+def test_verifier_table(text: str, reward: float, parsed: str | None, outcome: str, lenient: bool) -> None:
     problem = Problem(id="p", prompt="Start 7, +5. ", answer="12")
     rewards = ArithVerifier().score([problem], [completion(text)])
     assert rewards.values == (reward,)
-    assert rewards.info[0] == {"parsed": parsed, "outcome": outcome}
+    assert rewards.info[0] == {"parsed": parsed, "outcome": outcome, "lenient": lenient}
 
 
 def test_verifier_metrics_reset() -> None:
     problem = Problem(id="p", prompt="", answer="3")
     verifier = ArithVerifier()
-    verifier.score([problem] * 4, [completion(t) for t in ("\\boxed{3}", "\\boxed{4}", "x", "x")])
+    verifier.score([problem] * 4, [completion(t) for t in ("\\boxed{3}", "\\boxed{4}", "so 3", "x")])
     assert verifier.metrics() == {
         "scored": 4.0,
         "correct_rate": 0.25,
@@ -189,6 +195,7 @@ def test_verifier_metrics_reset() -> None:
         "no_answer_rate": 0.5,
         "timeout_rate": 0.0,
         "error_rate": 0.0,
+        "lenient_rate": 0.5,
         "worker_restarts": 0.0,
     }
     assert verifier.metrics() == {"scored": 0.0}
