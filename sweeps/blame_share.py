@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from creditlab.generation import merge_eos_tail, span_texts, thought_spans
+from creditlab.policy import encode_prompt
 from creditlab_arith.task import ArithTask
 
 
@@ -49,7 +50,7 @@ def logit_gradient_norms(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="a warm-started arith_tiny checkpoint directory")
+    p.add_argument("model", help="a warm-started arith checkpoint directory (arith_tiny or smollm2_135m_sft)")
     p.add_argument("--problems", type=int, default=300, help="held-out problems (default 300)")
     p.add_argument("--samples", type=int, default=2, help="chains sampled per problem (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="solution budget (default 160)")
@@ -68,7 +69,9 @@ def main() -> None:
     failed = chains = 0
     for i in range(0, len(problems), 64):
         batch = problems[i : i + 64]
-        enc = tok([pr.prompt for pr in batch], return_tensors="pt", padding=True, padding_side="left")
+        # As rollouts encode them (rollout.chat_template=auto: the chat template where there is one).
+        enc = tok.pad({"input_ids": [list(encode_prompt(tok, pr.prompt)) for pr in batch]},
+                      return_tensors="pt", padding_side="left")
         with torch.no_grad():
             ids = model.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=True,
                                  temperature=1.0, pad_token_id=tok.pad_token_id)
