@@ -107,6 +107,11 @@ def merge_args(recipe: str, defaults: Mapping[str, Any], args: Mapping[str, Any]
     return {**defaults, **args}
 
 
+#: Task options added after recipes' cache keys were first written, with their defaults: left out
+#: of a resolved task config at their default, so that existing cached checkpoints keep their keys.
+_LATER_TASK_FIELDS = {"render": "symbolic"}
+
+
 def check_task_and_stop(recipe: str, out: dict[str, Any]) -> None:
     """Resolve ``out["task"]`` (ArithTask.Config overrides) to a full task config in place, and
     check ``out["stop_at_pass1"]`` (null or in (0, 1]); ValueError naming the recipe otherwise."""
@@ -116,6 +121,9 @@ def check_task_and_stop(recipe: str, out: dict[str, Any]) -> None:
     if bad:
         raise ValueError(f"unknown task option(s) {bad} for {recipe}; valid: {sorted(fields)}")
     out["task"] = dataclasses.asdict(ArithTask.Config(**task))
+    for key, default in _LATER_TASK_FIELDS.items():  # keep the cache keys built before they existed
+        if out["task"][key] == default:
+            del out["task"][key]
     stop = out["stop_at_pass1"]
     if stop is not None and not (isinstance(stop, (int, float)) and 0 < stop <= 1):
         raise ValueError(f"{recipe}: stop_at_pass1 must be null or in (0, 1], got {stop!r}")

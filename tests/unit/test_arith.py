@@ -246,6 +246,18 @@ def test_recipe_entry_point() -> None:
     assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"seed": 1})
 
 
+def test_task_options_added_later_keep_the_cache_keys_at_their_default() -> None:
+    """A task option added to ArithTask.Config (``render``) leaves every existing cache key as it
+    was at its default, so no user's cached warm start is rebuilt; the demo's key is pinned."""
+    import creditlab_arith.model as recipe
+    from creditlab_smollm2 import sft
+
+    assert recipe.checkpoint_dir({"stop_at_pass1": 0.5}).name == "arith_tiny-723602926adc"  # model=tiny
+    assert sft.checkpoint_dir({"stop_at_pass1": 0.3}).name == "smollm2_135m_sft-7f8c06de1704"
+    assert recipe.checkpoint_dir({}) == recipe.checkpoint_dir({"task": {"render": "symbolic"}})
+    assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"task": {"render": "words"}})
+
+
 def test_stop_at_pass1_arguments_and_cache_identity() -> None:
     """``stop_at_pass1`` is checked; unset, it and its two companions leave the cache key of the
     recipe as it was (existing warm starts stay valid); set, it makes a new one."""
