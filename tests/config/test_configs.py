@@ -143,3 +143,14 @@ def test_the_real_model_experiment_composes_with_any_preset(method):
     assert m.hints["localization_template"] == "paper" and cfg.method == method
     assert (cfg.prompts_per_step, cfg.rollout.group_size, cfg.trainer.max_steps) == (8, 8, 40)
     assert (cfg.eval.problems, cfg.eval.samples, cfg.task.name) == (500, 0, "arith")
+
+
+def test_the_word_problem_experiment_trains_on_the_task_its_warm_start_learned():
+    """experiment=smollm2_words_grpo: the run's task and the warm start's recipe task are both the
+    word-problem rendering, with room for its longer chains."""
+    cfg = compose(["experiment=smollm2_words_grpo"])
+    checked = validate(cfg)
+    m = checked["model"]
+    assert (m.recipe, dict(m.recipe_args["task"])) == ("smollm2_135m_sft", {"render": "words"})
+    assert cfg.task.render == "words" and cfg.rollout.max_new_tokens == m.recipe_args["max_new_tokens"] == 128
+    assert m.recipe_args["localization"] == 0 and cfg.eval.problems == 500

@@ -230,3 +230,21 @@ def test_each_estimator_gets_the_segmenter_its_method_pairs_it_with():
     assert pairs["rredcot"] == "keyword_entropy"  # conf/method/rredcot.yaml
     assert pairs["ibpo"] == "thought"
     assert pairs["mc_value"] == "thought"  # conf/method/vineppo.yaml
+
+
+@pytest.mark.parametrize("micro, expected", [(0, 4 * 3), (5, 5)])
+def test_bench_forward_passes_take_at_most_a_training_steps_rows(micro, expected):
+    """The estimators get every chain of the bench at once; without loss.micro_batch_size their
+    forward passes are cut to a training step's rows (a real model's logits over all 192 chains of
+    a bench took more than 24 GiB)."""
+    from types import SimpleNamespace
+
+    from creditlab.creditbench.bench import Bench
+    from tests.helpers import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    fake = SimpleNamespace(seed=0, checked={
+        "rollout": SimpleNamespace(temperature=1.0, group_size=3, chat_template="auto"),
+        "loss": SimpleNamespace(micro_batch_size=micro), "run": SimpleNamespace(prompts_per_step=4)})
+    handle = Bench.handle(fake, model, tok, backend=None, sampler=None, stream=0)
+    assert handle.micro_batch_size == expected

@@ -211,9 +211,12 @@ class Bench:
     def handle(self, model: Any, tokenizer: Any, backend: Any, sampler: RolloutSampler, stream: int) -> CountingHandle:
         rollout = self.checked["rollout"]
         rng = torch.Generator().manual_seed(self.seed * 1009 + stream)
-        return CountingHandle(model, tokenizer, backend, rng, rollout.temperature,
-                              self.checked["loss"].micro_batch_size, rollout_fn=sampler,
-                              chat_template=rollout.chat_template)
+        # The estimators see every chain of the bench at once; their forward passes take at most a
+        # training step's rows (loss.micro_batch_size, else prompts_per_step x group_size), so the
+        # bench needs no more memory than a step of the run it stands for.
+        micro = self.checked["loss"].micro_batch_size or self.checked["run"].prompts_per_step * rollout.group_size
+        return CountingHandle(model, tokenizer, backend, rng, rollout.temperature, micro,
+                              rollout_fn=sampler, chat_template=rollout.chat_template)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> BenchResult:
         """Sample, value, score; ``progress(done, total)`` after each chunk of continuations. The
