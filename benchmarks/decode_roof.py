@@ -66,7 +66,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from creditlab.backends.hf import HFBackend
     from creditlab.config import build_parts
     from creditlab.models import load_policy
     from creditlab.policy import encode_prompt
@@ -78,7 +77,7 @@ def main() -> None:
     model, tok, path = load_policy(checked["model"])
     model.eval()
     parts = build_parts(checked, model, tok)
-    backend = HFBackend(HFBackend.Config(accelerator="auto"), model=model, tokenizer=tok)
+    backend = parts["backend"]  # the run's backend (model.accelerator=auto: fused where supported)
     problems = list(parts["task"].load("test"))
     shapes = step_shapes(model.config)
     flops_per_token = 2 * sum(i * o for i, o in shapes)

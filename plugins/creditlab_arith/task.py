@@ -239,9 +239,8 @@ class ArithTask(Task):
             steps.append((op, b, value))
         return start, steps
 
-    def make_problem(self, pid: str, start: int, steps: Sequence[tuple[str, int, int]]) -> Problem:
-        """Build the :class:`Problem` for a start value and gold steps."""
-        delim = self.config.delimiter
+    def _symbolic(self, start: int, steps: Sequence[tuple[str, int, int]]) -> tuple[str, list[str]]:
+        """The symbolic prompt and gold thoughts (without delimiters)."""
         tag = (lambda k: f"{k}:") if self.config.numbered else (lambda k: "")
         prompt = f"Start {start}, " + ", ".join(
             f"{tag(k + 1)}{op}{b}" for k, (op, b, _) in enumerate(steps)
@@ -251,9 +250,14 @@ class ArithTask(Task):
             shown = f"{BOXED}{result}}}" if i == len(steps) - 1 else str(result)
             thoughts.append(f"{tag(i + 1)}{value}{op}{b}={shown}")
             value = result
+        return prompt, thoughts
+
+    def make_problem(self, pid: str, start: int, steps: Sequence[tuple[str, int, int]]) -> Problem:
+        """Build the :class:`Problem` for a start value and gold steps."""
+        delim = self.config.delimiter
         prose = self.config.render == "words"
-        if prose:
-            prompt, thoughts = words.render(start, steps)
+        prompt, thoughts = words.render(start, steps) if prose else self._symbolic(start, steps)
+        value = steps[-1][2]
         solution = "".join(t + delim for t in thoughts)
         steps_t = tuple((op, int(b), int(r)) for op, b, r in steps)
         return Problem(

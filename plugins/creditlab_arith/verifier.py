@@ -18,8 +18,8 @@ class ArithVerifier(PooledVerifier):
     "no_answer"|"timeout"|"error"}`` (plus ``"error"``, a message, for the last two):
     ``no_answer`` when the response has no complete ``\\boxed{...}``; ``wrong`` when it has one
     that is not the answer (including non-integer content). Never raises on garbage text.
-    ``info[i]["lenient"]`` is the lenient reading (also right when the last integer written is the
-    answer, boxed or not); it is reported as ``lenient_rate`` beside the strict ``correct_rate``
+    ``info[i]["lenient"]`` is the lenient reading (the boxed integer, else the last integer
+    written: :func:`creditlab_arith.answer.check`); it is reported as ``lenient_rate`` beside the strict ``correct_rate``
     and never changes the reward.
 
     The check (:func:`creditlab_arith.answer.check`) is linear in the text and reads at most 12
