@@ -88,7 +88,10 @@ def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> 
 
 
 class PolicyHandle(abc.ABC):
-    """What a part may ask of the current policy, without knowing Lightning or the backend."""
+    """What a part may ask of the current policy, without knowing Lightning or the backend.
+
+    Devices: the tensor methods take their inputs on any device (the handle moves them to the
+    policy's once) and answer on the policy's device."""
 
     @property
     @abc.abstractmethod
@@ -143,18 +146,18 @@ class PolicyHandle(abc.ABC):
             0 where ``branch_mask`` is 0.
         """
         if len(rows) == 0:
-            return torch.zeros(branch_ids.shape, dtype=torch.float32)
+            return torch.zeros(branch_ids.shape, dtype=torch.float32, device=branch_ids.device)
         seqs = []
         for j in range(len(rows)):
             trunk = input_ids[rows[j], : at[j]]
             seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
         width = max(len(x) for x in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
         for j, x in enumerate(seqs):
             ids[j, : len(x)], mask[j, : len(x)] = x, 1
         lp = self.logprobs(ids, mask)
-        out = torch.zeros(branch_ids.shape, dtype=torch.float32)
+        out = torch.zeros(branch_ids.shape, dtype=torch.float32, device=lp.device)
         for j in range(len(seqs)):
             n = int(branch_mask[j].sum())
             out[j, :n] = lp[j, int(at[j]) : int(at[j]) + n].float()
@@ -379,7 +382,11 @@ class AdvantageEstimator(Part):
 
     @abc.abstractmethod
     def estimate(self, batch: RolloutBatch, ctx: PolicyHandle) -> Advantages:
-        """``(B, T)`` advantages, zero wherever ``batch.loss_mask`` is 0."""
+        """``(B, T)`` advantages, zero wherever ``batch.loss_mask`` is 0.
+
+        ``batch`` arrives on the policy's device; an estimator may return its values on that
+        device or on the host (the step moves them once). Per-row Python bookkeeping is best done
+        on ``batch.to("cpu")`` (one copy), never element by element on an accelerator."""
 
 
 #: Registry kind -> interface. The order is the order of ``creditlab plugins``.

@@ -14,9 +14,9 @@ the single-process update of the global batch; metrics are global and rank 0 log
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 
 from creditlab.aggregation import MiniBatchStats
 from creditlab.credit import CreditMetrics
-from creditlab.distributed import all_max, all_sum, gradient_sync, rank_and_world, reduce_metrics, shard
+from creditlab.distributed import all_max, gradient_sync, rank_and_world, reduce_metrics, shard
 from creditlab.evaluation import EvalConfig, evaluate_problems, gather_outcomes
 from creditlab.forward import response_logits as shared_prompt_logits
 from creditlab.interfaces import (
@@ -41,10 +41,8 @@ from creditlab.loggers import log_problems
 from creditlab.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
 from creditlab.policy import ModelPolicyHandle
 from creditlab.rollout import RolloutSampler, collate, with_segments
-from creditlab.step_metrics import batch_metrics, one_writer_per_key
+from creditlab.step_metrics import batch_metrics, one_writer_per_key, warn_if_no_answers
 from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum, Trajectory
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -121,7 +119,7 @@ class CreditAssignmentModule(L.LightningModule):
         self.make_optimizer = optimizer
         self.seed = seed
         self.grad_clip = grad_clip
-        self._reference = [reference] if reference is not None else []  # not a submodule
+        self._reference = [reference] if reference is not None else []  # not a submodule: see _apply
         self.credit = CreditMetrics(tokenizer, rollout.delimiter, rollout.success_reward)
         self.counters = {"tokens/trained": 0.0, "tokens/generated": 0.0, "time/train_s": 0.0}
         # Frozen parameters (a LoRA run's base weights) are not checkpointed: they are reloaded
@@ -132,6 +130,14 @@ class CreditAssignmentModule(L.LightningModule):
         self.strict_loading = not self.frozen_keys
 
     # -- Lightning plumbing ----------------------------------------------------------------------
+    def _apply(self, fn: Any, recurse: bool = True) -> CreditAssignmentModule:
+        """Device and dtype moves (``.to``, ``.cuda``, Lightning's placement) reach the KL
+        reference too: it is kept out of the submodules so that it is neither checkpointed nor
+        trained nor wrapped by a strategy, but it must run where the policy runs."""
+        for reference in self._reference:
+            reference._apply(fn, recurse)
+        return super()._apply(fn, recurse)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.make_optimizer(params=[p for p in self.policy.parameters() if p.requires_grad])
 
@@ -188,10 +194,14 @@ class CreditAssignmentModule(L.LightningModule):
         """Evaluate this rank's share of the held-out problems; log the metrics and per-problem outcomes."""
         count = self.eval_cfg.problems or len(self.eval_problems)
         mine = shard(self.eval_problems[:count], *rank_and_world())
-        metrics, outcomes = evaluate_problems(
-            self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
-            mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
-        )
+        # Under the precision training rollouts sample in (bf16 autocast under bf16-mixed), also
+        # from on_train_start/on_train_end, which Lightning runs outside it.
+        precision = self._trainer.precision_plugin.train_step_context() if self._trainer else nullcontext()
+        with precision:
+            metrics, outcomes = evaluate_problems(
+                self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
+                mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
+            )
         metrics = reduce_metrics(metrics, weight=len(mine))
         self.log_metrics(metrics, step)
         log_problems(self.loggers, gather_outcomes(outcomes).record(step, self.eval_cfg.samples))  # collective
@@ -213,14 +223,16 @@ class CreditAssignmentModule(L.LightningModule):
             self.warn_if_no_answers(trajectories)
 
         # 2. Pad into tensors, segment, estimate per-token advantages.
-        rollout = collate(trajectories, self.tokenizer.pad_token_id, self.rollout_cfg.truncation)
+        #    The batch is moved to the policy's device once; so are the advantages (an estimator
+        #    may build them on the host).
+        rollout = collate(trajectories, self.tokenizer.pad_token_id, self.rollout_cfg.truncation, self.device)
         rollout = with_segments(rollout, self.parts.segmenter.segment(rollout))
         advantages = self.parts.advantage.estimate(rollout, ctx)
         assert advantages.values.shape == rollout.loss_mask.shape, "estimator returned wrong shape"
 
         # 3. Policy-gradient updates on the batch.
         t1 = time.perf_counter()
-        update_metrics = self.update(rollout, advantages.values)
+        update_metrics = self.update(rollout, advantages.values.to(rollout.device))
         t_train = time.perf_counter() - t1
 
         # 4. Sync generation weights, then log the global metrics (rank 0 writes them).
@@ -256,6 +268,7 @@ class CreditAssignmentModule(L.LightningModule):
         old = self.old_logprobs(rollout) if n_mini > 1 else None
         ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
         order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(self.seed_for(self.rl_step, 3)))
+        order = order.to(rollout.device)
         minis = [  # each mini-batch's denominators over every rank, before any backward
             (rows, MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg).all_reduce())
             for rows in torch.tensor_split(order, n_mini)
@@ -303,7 +316,7 @@ class CreditAssignmentModule(L.LightningModule):
             The loss metric shares, plus ``entropy`` summed over the rows' trained tokens.
         """
         pad = rows is None
-        rows = torch.zeros(1, dtype=torch.long) if pad else rows
+        rows = torch.zeros(1, dtype=torch.long, device=rollout.device) if pad else rows
         mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
         logits = self.response_logits(rollout, rows)
         logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
@@ -321,20 +334,8 @@ class CreditAssignmentModule(L.LightningModule):
         return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
 
     def warn_if_no_answers(self, trajectories: Sequence[Trajectory]) -> bool:
-        """Warn loudly (and return True) when no completion of the run's first step, on any rank,
-        has an answer the verifier could parse: every reward is then the same, nothing is learned."""
-        judged = [t.info for t in trajectories if "parsed" in t.info or "outcome" in t.info]
-        parsed, cut, total = all_sum([
-            float(sum(i.get("parsed") is not None or i.get("outcome") in ("correct", "wrong") for i in judged)),
-            float(sum(bool(i.get("truncated")) for i in judged)), float(len(judged))])
-        if total > 0 and parsed == 0:
-            log.warning(
-                "creditlab: WARNING: no completion of the first step has an answer the verifier can parse "
-                "(verifier=%s, task=%s: 0 of %d), so every reward is the same and nothing is learned.\n  Check "
-                "that the verifier fits the task (each task's config selects a matching one: drop a verifier= "
-                "override), the budget (%d of %d cut off at the token limit) and the prompt's answer format.",
-                self.names["verifier"], self.names["task"], int(total), int(cut), int(total))
-        return total > 0 and parsed == 0
+        """See :func:`creditlab.step_metrics.warn_if_no_answers`."""
+        return warn_if_no_answers(trajectories, self.names)
 
     # -- helpers -----------------------------------------------------------------------------------
     @property
@@ -357,7 +358,7 @@ class CreditAssignmentModule(L.LightningModule):
         """(B, T) log-probs of the response tokens before any update (or under ``model``)."""
         micro = self.loss_cfg.micro_batch_size or rollout.size
         out = []
-        for rows in torch.split(torch.arange(rollout.size), micro):
+        for rows in torch.split(torch.arange(rollout.size, device=rollout.device), micro):
             logits = self.response_logits(rollout, rows, model)
             out.append(gather_logprobs(logits, rollout.response_ids[rows], self.temperature))
         return torch.cat(out) * rollout.response_mask

@@ -117,10 +117,16 @@ class ModelPolicyHandle(PolicyHandle):
     def encode(self, text: str) -> tuple[int, ...]:
         return encode_prompt(self._tokenizer, text, self.chat_template)
 
+    @property
+    def device(self) -> torch.device:
+        """The policy's device: every tensor the handle is given is moved there once."""
+        return next(self.model.parameters()).device
+
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         step = self.micro_batch_size or input_ids.shape[0]
-        out = torch.zeros(input_ids.shape, dtype=torch.float32)
+        out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for s in range(0, input_ids.shape[0], step):
             ids, mask = input_ids[s : s + step], attention_mask[s : s + step]
             logits = forward_logits(self.model, ids, mask)[:, :-1].float()
@@ -139,6 +145,8 @@ class ModelPolicyHandle(PolicyHandle):
         """Each trunk runs once; branches continue from its KV cache
         (:func:`creditlab.forward.branch_logits`), or the plain default when the model's cache
         cannot be shared."""
+        input_ids, attention_mask, rows, at, branch_ids, branch_mask = (
+            x.to(self.device) for x in (input_ids, attention_mask, rows, at, branch_ids, branch_mask))
         if len(rows):
             logits = branch_logits(
                 self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
@@ -156,6 +164,9 @@ class ModelPolicyHandle(PolicyHandle):
         *,
         embedding_offset: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        if embedding_offset is not None:
+            embedding_offset = embedding_offset.to(self.device)
         embeddings = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             logits = self.model(

@@ -140,48 +140,52 @@ def collate(
     trajectories: Sequence[Trajectory],
     pad_id: int,
     truncation: str = "keep",
+    device: torch.device | str = "cpu",
 ) -> RolloutBatch:
     """Pad trajectories into a :class:`RolloutBatch` (prompt left-padded, response right-padded).
 
     ``loss_mask`` is the response mask from each trajectory's ``trainable_from`` on; under the
-    ``mask`` truncation policy truncated completions get no loss at all.
+    ``mask`` truncation policy truncated completions get no loss at all. The rows are filled on
+    the host and the batch is moved to ``device`` (the policy's) once, at the end.
     """
     if not trajectories:
         raise ValueError("collate() got no trajectories")
     b = len(trajectories)
     p = max(len(t.completion.prompt_ids) for t in trajectories)
     t_max = max(max(len(t.completion.response_ids) for t in trajectories), 1)
-    input_ids = torch.full((b, p + t_max), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, p + t_max), dtype=torch.long)
-    response_mask = torch.zeros((b, t_max))
-    loss_mask = torch.zeros((b, t_max))
-    gen_logprobs = torch.zeros((b, t_max))
+    host = torch.device("cpu")
+    input_ids = torch.full((b, p + t_max), pad_id, dtype=torch.long, device=host)
+    attention = torch.zeros((b, p + t_max), dtype=torch.long, device=host)
+    response_mask = torch.zeros((b, t_max), device=host)
+    loss_mask = torch.zeros((b, t_max), device=host)
+    gen_logprobs = torch.zeros((b, t_max), device=host)
     for i, traj in enumerate(trajectories):
         c = traj.completion
-        prompt, resp = torch.tensor(c.prompt_ids, dtype=torch.long), c.response_ids
+        prompt, resp = torch.tensor(c.prompt_ids, dtype=torch.long, device=host), c.response_ids
         input_ids[i, p - len(prompt) : p] = prompt
         attention[i, p - len(prompt) : p] = 1
         if resp:
-            input_ids[i, p : p + len(resp)] = torch.tensor(resp, dtype=torch.long)
+            input_ids[i, p : p + len(resp)] = torch.tensor(resp, dtype=torch.long, device=host)
             attention[i, p : p + len(resp)] = 1
             response_mask[i, : len(resp)] = 1
         drop = truncation == "mask" and c.finish_reason == "length"
         if not drop:
             loss_mask[i, traj.trainable_from : len(resp)] = 1
         if c.logprobs:
-            gen_logprobs[i, c.prefix_len : len(resp)] = torch.tensor(c.logprobs)
-    return RolloutBatch(
+            gen_logprobs[i, c.prefix_len : len(resp)] = torch.tensor(c.logprobs, device=host)
+    batch = RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention,
         prompt_len=p,
         response_ids=input_ids[:, p:].clone(),
         response_mask=response_mask,
         loss_mask=loss_mask,
-        group_ids=torch.tensor([t.group_id for t in trajectories], dtype=torch.long),
-        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        group_ids=torch.tensor([t.group_id for t in trajectories], dtype=torch.long, device=host),
+        rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32, device=host),
         gen_logprobs=gen_logprobs,
         trajectories=tuple(trajectories),
     )
+    return batch.to(device)
 
 
 def with_segments(batch: RolloutBatch, segments: Segments) -> RolloutBatch:

@@ -3,13 +3,16 @@ metrics under ``train/<kind>/<key>``, each key from exactly one writer."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from creditlab.distributed import all_sum, gather_floats
 from creditlab.errors import RegistryError
-from creditlab.types import RolloutBatch
+from creditlab.types import RolloutBatch, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class MetricClash(RegistryError):
@@ -60,8 +63,8 @@ def batch_metrics(rollout: RolloutBatch, generated: int) -> tuple[dict[str, floa
     Returns:
         ``(metrics, trained tokens, generated tokens)``, the token counts summed over ranks.
     """
-    rewards = torch.tensor(gather_floats(rollout.rewards.tolist()))
-    lengths = torch.tensor(gather_floats(rollout.response_mask.sum(1).tolist()))
+    rewards = torch.tensor(gather_floats(rollout.rewards.tolist()), device="cpu")  # host-side statistics
+    lengths = torch.tensor(gather_floats(rollout.response_mask.sum(1).tolist()), device="cpu")
     trained, generated = all_sum([float(rollout.loss_mask.sum()), float(generated)])
     metrics = {
         "train/reward/mean": float(rewards.mean()),
@@ -72,3 +75,21 @@ def batch_metrics(rollout: RolloutBatch, generated: int) -> tuple[dict[str, floa
         "train/tokens_generated": generated,
     }
     return metrics, trained, generated
+
+
+def warn_if_no_answers(trajectories: Sequence[Trajectory], names: Mapping[str, str]) -> bool:
+    """Warn loudly (and return True) when no completion of the run's first step, on any rank,
+    has an answer the verifier could parse: every reward is then the same, nothing is learned.
+    ``names`` holds the configured ``task`` and ``verifier`` (for the message)."""
+    judged = [t.info for t in trajectories if "parsed" in t.info or "outcome" in t.info]
+    parsed, cut, total = all_sum([
+        float(sum(i.get("parsed") is not None or i.get("outcome") in ("correct", "wrong") for i in judged)),
+        float(sum(bool(i.get("truncated")) for i in judged)), float(len(judged))])
+    if total > 0 and parsed == 0:
+        log.warning(
+            "creditlab: WARNING: no completion of the first step has an answer the verifier can parse "
+            "(verifier=%s, task=%s: 0 of %d), so every reward is the same and nothing is learned.\n  Check "
+            "that the verifier fits the task (each task's config selects a matching one: drop a verifier= "
+            "override), the budget (%d of %d cut off at the token limit) and the prompt's answer format.",
+            names["verifier"], names["task"], int(total), int(cut), int(total))
+    return total > 0 and parsed == 0

@@ -10,7 +10,7 @@ prefix's length for a continuation that trains only on what it generated).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -205,6 +205,19 @@ class RolloutBatch:
     @property
     def size(self) -> int:
         return self.response_ids.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with every tensor on ``device`` (itself when they are there already)."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+        moved = {f.name: v.to(device) for f in fields(self)
+                 if isinstance(v := getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
 
 
 @dataclass(frozen=True)

@@ -262,15 +262,16 @@ def _examples(
 def _batch(
     rows: list[tuple[list[int], int, float]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on prompt and pad)."""
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 on prompt and pad), on the
+    CPU: the warm-start recipes train there (a small model, built once and cached)."""
     width = max(len(row[0]) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device="cpu")
+    labels = torch.full((len(rows), width), -100, dtype=torch.long, device="cpu")
     for r, (seq, n_prompt, _) in enumerate(rows):
-        ids[r, : len(seq)] = torch.tensor(seq)
+        ids[r, : len(seq)] = torch.tensor(seq, device="cpu")
         mask[r, : len(seq)] = 1
-        labels[r, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
+        labels[r, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:], device="cpu")
     return ids, mask, labels
 
 
@@ -428,7 +429,7 @@ def warm_start(
                 loss = torch.nn.functional.cross_entropy(*flat, reduction="sum")
             else:
                 per_token = torch.nn.functional.cross_entropy(*flat, reduction="none")
-                weights = torch.tensor([w for *_, w in part]).repeat_interleave(labels.shape[1] - 1)
+                weights = torch.tensor([w for *_, w in part], device="cpu").repeat_interleave(labels.shape[1] - 1)
                 loss = (per_token * weights).sum()
             (loss / n_target).backward()
             total += float(loss.detach())

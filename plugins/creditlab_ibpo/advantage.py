@@ -217,6 +217,7 @@ class IBPOAdvantage(AdvantageEstimator):
             ``repair_requests``, ``repair_failures``, ``repair_unchanged``, ``repair_tokens``
             (generated) and ``repair_correct_rate``.
         """
+        batch = batch.to("cpu")  # per-row bookkeeping runs on the host: one copy (advantages go back once)
         cfg = self.config
         self._call = dict.fromkeys(_COUNTS, 0.0)
         adv, gm = group_advantages(
@@ -354,14 +355,14 @@ class IBPOAdvantage(AdvantageEstimator):
         docstring), in the dtype of ``loss_mask``; counts the divergence metrics."""
         cfg = self.config
         shape = batch.loss_mask.shape
-        div = torch.zeros(shape, dtype=torch.bool)
-        weighted = torch.zeros(shape[0], dtype=torch.bool)
+        div = torch.zeros(shape, dtype=torch.bool, device="cpu")
+        weighted = torch.zeros(shape[0], dtype=torch.bool, device="cpu")
         for b, mask in enumerate(divergent):
             if mask is not None:
                 weighted[b] = True
-                div[b, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+                div[b, : len(mask)] = torch.tensor(mask, dtype=torch.bool, device="cpu")
         trained = batch.loss_mask.detach().cpu() > 0  # (B, T)
-        w = torch.ones(shape, dtype=torch.float64)
+        w = torch.ones(shape, dtype=torch.float64, device="cpu")
         w[weighted[:, None] & ~div] = cfg.w_min
         length = trained.sum(1).to(torch.float64)  # (B,)
         total = torch.where(trained, w, 0.0).sum(1)

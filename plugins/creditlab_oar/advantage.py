@@ -178,6 +178,7 @@ class _OARAdvantage(AdvantageEstimator):
             ``probe_forwards``/``probe_tokens`` (sequences and real tokens sent to the policy for
             probing) and ``probe_s`` (seconds).
         """
+        batch = batch.to("cpu")  # per-row bookkeeping runs on the host: one copy (advantages go back once)
         cfg = self.config
         self._call = dict.fromkeys(_COUNTS, 0.0)
         adv, gm = group_advantages(
@@ -234,8 +235,8 @@ class _OARAdvantage(AdvantageEstimator):
         probes = [build_probe(batch, r, marker, cue, cfg.mode, eos_id, cfg.answer_marker, tok,
                               cue_is_marker=cfg.cue == cfg.answer_marker) for r in rows]
         probes = [p for p in probes if p.scored.numel() >= 2]
-        importance = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
-        reasoning = torch.zeros(batch.loss_mask.shape, dtype=torch.bool)
+        importance = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device="cpu")
+        reasoning = torch.zeros(batch.loss_mask.shape, dtype=torch.bool, device="cpu")
         if probes:
             for p, scores in zip(probes, self._scores(probes, ctx)):
                 importance[p.row, p.scored] = scores.float()
@@ -280,7 +281,7 @@ class OARPAdvantage(_OARAdvantage):
         cfg = self.config
         pad = self._pad_id(ctx)
         mask_id = pad if cfg.mask_token_id is None else int(cfg.mask_token_id)
-        scores = [torch.zeros(p.scored.numel(), dtype=torch.float64) for p in probes]
+        scores = [torch.zeros(p.scored.numel(), dtype=torch.float64, device="cpu") for p in probes]
         for dist in (True, False):
             jobs = [(i, k) for i, p in enumerate(probes) if (p.mode in DIST_MODES) == dist
                     for k in range(-1, p.scored.numel())]  # k = -1: the unperturbed probe
@@ -371,7 +372,7 @@ class OARGAdvantage(_OARAdvantage):
         step = cfg.chunk_size or len(probes)
         for s in range(0, len(probes), step):
             chunk = list(probes[s : s + step])
-            scores = [torch.zeros(p.scored.numel(), dtype=torch.float64) for p in chunk]
+            scores = [torch.zeros(p.scored.numel(), dtype=torch.float64, device="cpu") for p in chunk]
             # sigma = 0 (answer_joint only): fallback (KL) rows have zero gradient; skip them.
             live = [j for j, p in enumerate(chunk) if cfg.sigma > 0 or p.mode not in DIST_MODES]
             sub = [chunk[j] for j in live]
@@ -384,7 +385,7 @@ class OARGAdvantage(_OARAdvantage):
             if cfg.sigma > 0:
                 dist = [j for j, p in enumerate(sub) if p.mode in DIST_MODES]
                 if dist:
-                    rows = torch.tensor(dist)  # the noisy pass's padding, for the same numerics
+                    rows = torch.tensor(dist, device="cpu")  # the noisy pass's padding, for the same numerics
                     template, clean = self._clean_readout(
                         [sub[j] for j in dist], ids[rows], att[rows], ctx
                     )

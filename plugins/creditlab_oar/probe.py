@@ -204,7 +204,7 @@ def build_probe(
         eff, fallback = "last", True
     if cue_is_marker and span is not None:
         cue_ids = body[span[0] : span[1]]
-    cue = torch.tensor(list(cue_ids), dtype=torch.long)
+    cue = torch.tensor(list(cue_ids), dtype=torch.long, device=prompt.device)
     parts = [prompt, resp[:reasoning_end], cue] + ([answer] if eff != "last" else [])
     ids = torch.cat(parts).long()
     trained = batch.loss_mask[row, :reasoning_end] > 0
@@ -229,8 +229,8 @@ def pad_right(seqs: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, 
         ``(input_ids, attention_mask)``, both (N, max length) long.
     """
     width = max(int(s.numel()) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long, device=seqs[0].device)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long, device=seqs[0].device)
     for j, s in enumerate(seqs):
         ids[j, : s.numel()] = s
         mask[j, : s.numel()] = 1
@@ -279,9 +279,9 @@ def answer_logprob(
         (N,) float64.
     """
     lp = ctx.logprobs(input_ids, attention_mask).double().cpu()  # (N, L)
-    cols = torch.arange(lp.shape[1])[None]
-    start = torch.tensor(list(starts))[:, None]
-    length = torch.tensor(list(lengths), dtype=torch.float64)
+    cols = torch.arange(lp.shape[1], device="cpu")[None]
+    start = torch.tensor(list(starts), device="cpu")[:, None]
+    length = torch.tensor(list(lengths), dtype=torch.float64, device="cpu")
     sel = (cols >= start) & (cols < start + length[:, None].long())
     return (lp * sel).sum(1) / length.clamp(min=1)
 

@@ -69,6 +69,7 @@ class MCValueAdvantage(AdvantageEstimator):
             ``loss_mask`` is 0. Metrics: ``states`` valued, ``value_rollouts`` sampled,
             ``abs_mean`` over trained tokens.
         """
+        batch = batch.to("cpu")  # per-row bookkeeping runs on the host: one copy (advantages go back once)
         k = self.config.rollouts
         rows = []  # (row, [boundaries]) per trajectory
         states: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
@@ -88,7 +89,7 @@ class MCValueAdvantage(AdvantageEstimator):
         requests = [GenerationRequest(p, prefix, seg) for (p, prefix), seg in zip(keys, segs)
                     for _ in range(k)]
         results = ctx.rollouts([o for o in owners for _ in range(k)], requests) if requests else []
-        rewards = torch.tensor([t.reward for t in results], dtype=torch.float32)
+        rewards = torch.tensor([t.reward for t in results], dtype=torch.float32, device="cpu")
         value = rewards.view(len(keys), k).mean(1) if keys else rewards
 
         out = torch.zeros_like(batch.loss_mask, dtype=torch.float32)

@@ -199,10 +199,10 @@ class RREDCoTAdvantage(AdvantageEstimator):
         if not branches:
             return [], 0
         pad = self._pad_id(ctx)
-        ids = torch.full((len(trunks), max(len(t) for t in trunks)), pad, dtype=torch.long)
+        ids = torch.full((len(trunks), max(len(t) for t in trunks)), pad, dtype=torch.long, device="cpu")
         mask = torch.zeros_like(ids)
         for i, seq in enumerate(trunks):
-            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long, device="cpu")
             mask[i, : len(seq)] = 1
         order = sorted(range(len(branches)), key=lambda j: (branches[j][1] + len(branches[j][2]), j))
         step = self.config.max_rows or len(branches)
@@ -212,14 +212,14 @@ class RREDCoTAdvantage(AdvantageEstimator):
         out = [0.0] * len(branches)
         for chunk in chunks:
             width = max(len(branches[j][2]) for j in chunk)
-            bids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            bids = torch.full((len(chunk), width), pad, dtype=torch.long, device="cpu")
             bmask = torch.zeros_like(bids)
             for k, j in enumerate(chunk):
                 seq = branches[j][2]
-                bids[k, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+                bids[k, : len(seq)] = torch.tensor(seq, dtype=torch.long, device="cpu")
                 bmask[k, : len(seq)] = 1
-            rows = torch.tensor([branches[j][0] for j in chunk], dtype=torch.long)
-            at = torch.tensor([branches[j][1] for j in chunk], dtype=torch.long)
+            rows = torch.tensor([branches[j][0] for j in chunk], dtype=torch.long, device="cpu")
+            at = torch.tensor([branches[j][1] for j in chunk], dtype=torch.long, device="cpu")
             logp = ctx.branch_logprobs(ids, mask, rows, at, bids, bmask).to(torch.float64)
             for k, j in enumerate(chunk):
                 n, n_ans = len(branches[j][2]), branches[j][3]
@@ -323,10 +323,11 @@ class RREDCoTAdvantage(AdvantageEstimator):
             ``sum_y pi(y|s)`` over states), ``states``, ``value_rows``, ``value_tokens``,
             ``value_calls``, ``segments_per_row``, ``single_outcome_groups``, ``abs_mean``.
         """
+        batch = batch.to("cpu")  # per-row bookkeeping runs on the host: one copy (advantages go back once)
         cfg = self.config
         credits, metrics = self.redistribute(batch, ctx)
         scale, shift, single = self._group_norm(batch, credits)
-        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float64)
+        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float64, device="cpu")
         for b, (traj, cr) in enumerate(zip(batch.trajectories, credits)):
             n = len(traj.completion.response_ids)
             ends = [*cr.starts[1:], n]
@@ -373,7 +374,7 @@ class RREDCoTAdvantage(AdvantageEstimator):
             elif cfg.norm == "segment_std":
                 xs = torch.tensor(
                     [x for b in rows for x, t in zip(credits[b].credit, credits[b].trained) if t],
-                    dtype=torch.float64,
+                    dtype=torch.float64, device="cpu",
                 )
                 if xs.numel() < 2 or float(xs.std(correction=ddof)) < cfg.zero_std_tol:
                     scale[g] = 0.0

@@ -192,7 +192,7 @@ class KeywordEntropySegmenter(Segmenter):
             unscored).
         """
         c = batch.trajectories[row].completion
-        scores = torch.full((n,), float("nan"), dtype=torch.float64)
+        scores = torch.full((n,), float("nan"), dtype=torch.float64, device="cpu")
         entropies = c.entropies if self.config.score != "surprisal" else None
         if entropies is None and self.config.score == "entropy":
             raise ValueError(
@@ -200,7 +200,7 @@ class KeywordEntropySegmenter(Segmenter):
                 "backend did not record them); use score=auto or surprisal"
             )
         if entropies is not None:
-            e = torch.as_tensor(list(entropies), dtype=torch.float64)
+            e = torch.as_tensor(list(entropies), dtype=torch.float64, device="cpu")
             if e.numel() == n:
                 scores = e
             elif e.numel() == n - c.prefix_len:
@@ -261,6 +261,7 @@ class KeywordEntropySegmenter(Segmenter):
             batch: Uses ``trajectories`` (their ``completion.response_ids``, ``prefix_len`` and
                 optional ``entropies``), ``response_mask`` (B, T) and ``gen_logprobs`` (B, T).
         """
+        batch = batch.to("cpu")  # per-row bookkeeping runs on the host: one copy
         if self.tokenizer is None and (self.config.delimiters or self.config.keywords):
             raise ValueError(
                 "the 'keyword_entropy' segmenter needs the policy's tokenizer for delimiters "

@@ -39,6 +39,10 @@ from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 
+#: A completion's finish reasons, indexed as the decoding loop records them.
+END_REASONS = ("length", "eos", "stop")
+
+
 class HFBackend(GenerationBackend):
     """Samples from the very ``transformers`` module being trained (no weight copy).
 
@@ -79,6 +83,11 @@ class HFBackend(GenerationBackend):
             this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
             per group at every step; shorter contexts are copied to every row (two matrix
             products less per layer and step, which is cheaper when the context is short).
+        sync_every: Decoding steps between two looks at which rows have finished (the one host
+            sync of the loop without text stops: it ends the loop and compacts the batch);
+            0 = every step on the CPU, where a look costs nothing, and every 8 on an accelerator,
+            whose queue of kernels would otherwise drain at every token. Rows that finished go
+            on decoding until the next look; what they sample after their end is cut off.
         fused_copy_budget_mb: The fused steps concatenate and transpose the projection weights
             into copies (made once per ``generate`` call) when these take at most this many MB;
             above it they read the module weights in place (a little slower).
@@ -92,11 +101,14 @@ class HFBackend(GenerationBackend):
         accelerator: str = "auto"
         fused_copy_budget_mb: float = 512.0
         fused_shared_context_min: int = 32
+        sync_every: int = 0
 
     def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer)
         if self.config.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.config.max_batch_size}")
+        if self.config.sync_every < 0:
+            raise ValueError(f"sync_every must be >= 0 (0: automatic), got {self.config.sync_every}")
         if not 0 <= self.config.compact_fraction <= 1:
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.config}")
         #: Settings actually used by the last ``generate`` call (TESTING trap 7).
@@ -227,14 +239,15 @@ class HFBackend(GenerationBackend):
         device = self._device()
         n, max_new = len(reqs), plan.max_new_tokens
         contexts = [tuple(r.prompt_ids) + tuple(r.prefix_ids) for r in reqs]
-        out_tokens = torch.full((n, max(max_new, 1)), plan.pad_token_id, dtype=torch.long)
-        out_logp = torch.zeros((2, n, max(max_new, 1)), dtype=torch.float32)  # log-probs, entropies
-        lengths = [max_new] * n
-        reasons = ["length"] * n
+        out_tokens = torch.full((n, max(max_new, 1)), plan.pad_token_id, dtype=torch.long, device=device)
+        out_logp = torch.zeros((2, n, max(max_new, 1)), dtype=torch.float32, device=device)  # log-probs, entropies
+        ended_at = torch.full((n,), max_new, dtype=torch.long, device=device)  # a row's length
+        why = torch.zeros((n,), dtype=torch.long, device=device)  # index into END_REASONS
         if max_new > 0:
-            self._decode(contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons)
+            self._decode(contexts, plan, gen, device, out_tokens, out_logp, ended_at, why)
 
-        tokens, (logps, ents) = out_tokens.tolist(), out_logp.tolist()
+        tokens, (logps, ents) = out_tokens.tolist(), out_logp.tolist()  # the batch's one copy to the host
+        lengths, reasons = ended_at.tolist(), [END_REASONS[i] for i in why.tolist()]
         responses = [
             tuple(r.prefix_ids) + tuple(tokens[i][: lengths[i]]) for i, r in enumerate(reqs)
         ]
@@ -256,16 +269,18 @@ class HFBackend(GenerationBackend):
             for i, r in enumerate(reqs)
         ]
 
-    def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, lengths, reasons) -> None:
-        """The decoding loop; fills ``out_tokens`` (N, max_new), ``out_logp`` (2, N, max_new:
-        log-probs, then entropies) and, per row, ``lengths`` and ``reasons`` (in place)."""
+    def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, ended_at, why) -> None:
+        """The decoding loop; fills, on the model's device and in place, ``out_tokens`` (N, max_new),
+        ``out_logp`` (2, N, max_new: log-probs, then entropies; both valid up to each row's
+        length), and per row ``ended_at`` (N,) its length and ``why`` (N,) the index of its
+        finish reason in :data:`END_REASONS` (rows that do not finish keep ``max_new``, 0)."""
         n, max_new, pad = len(contexts), plan.max_new_tokens, plan.pad_token_id
         width = max(len(c) for c in contexts)
         ids = torch.tensor([(pad,) * (width - len(c)) + c for c in contexts], device=device)
         # The attention mask of every step, preallocated: step s >= 1 reads columns [0, width + s)
         # (left padding, then one column per generated token).
         mask = torch.ones((n, width + max_new), dtype=torch.long, device=device)
-        mask[:, :width] = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+        mask[:, :width] = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
         pos = position_ids(mask[:, :width])
         has_pad = any(len(c) < width for c in contexts)
         last_pos = pos[:, -1].clone()  # (A,) position of each row's latest token
@@ -277,7 +292,7 @@ class HFBackend(GenerationBackend):
         shared = None
         if use_cache and self.config.share_prefill and gatherable(cache):
             shared = shared_contexts(contexts)
-        all_alive = True
+        every = self.config.sync_every or (1 if device.type == "cpu" else 8)
         fused = self._fused if use_cache and max_new > 1 else None
         feed_ids, feed_pos = ids, pos
         for step in range(max_new):
@@ -322,37 +337,34 @@ class HFBackend(GenerationBackend):
                     cache = cache_of(out)
                 logits = out.logits[:, -1, :]
             tok, logp, ent = sample_tokens(logits.float(), plan, gen)
-            if all_alive:
-                live = rows.cpu()
-                out_tokens[live, step] = tok.cpu()
-                out_logp[:, live, step] = torch.stack([logp, ent]).cpu()
-            else:
-                live = rows[alive].cpu()
-                out_tokens[live, step] = tok[alive].cpu()
-                out_logp[:, live, step] = torch.stack([logp[alive], ent[alive]]).cpu()
+            out_tokens[rows, step] = tok  # finished rows too: past their length, cut off
+            out_logp[:, rows, step] = torch.stack([logp, ent])
 
             is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
             is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None
             if plan.stop_texts:
                 text_hit = torch.zeros_like(alive)
-                hits = self._text_stop(plan, out_tokens, rows[alive].cpu(), step + 1)
+                hits = self._text_stop(plan, out_tokens, rows[alive], step + 1)  # decodes on the host
                 text_hit[alive] = hits.to(device)
                 is_stop = text_hit if is_stop is None else is_stop | text_hit
             ended = torch.zeros_like(alive)
-            for flag, reason in ((is_eos, "eos"), (is_stop, "stop")):
+            for flag, reason in ((is_eos, END_REASONS.index("eos")), (is_stop, END_REASONS.index("stop"))):
                 if flag is None:
                     continue
                 newly = flag & alive & ~ended
-                for r in rows[newly].tolist():
-                    lengths[r], reasons[r] = step + 1, reason
+                ended_at[rows] = torch.where(newly, step + 1, ended_at[rows])
+                why[rows] = torch.where(newly, reason, why[rows])
                 ended |= newly
             alive &= ~ended
-            n_dead = len(rows) - int(alive.sum())
-            if n_dead == len(rows) or step + 1 == max_new:
+            if step + 1 == max_new:
                 return  # rows still alive keep length max_new and reason "length"
-            all_alive = n_dead == 0
+            if (step + 1) % every:
+                n_dead = 0  # no look at the host this step
+            else:
+                n_dead = len(rows) - int(alive.sum())
+                if n_dead == len(rows):
+                    return
             if n_dead and n_dead >= self.config.compact_fraction * len(rows):
-                all_alive = True
                 keep = alive.nonzero().squeeze(1)
                 rows, alive, tok = rows[keep], alive[keep], tok[keep]
                 mask, last_pos = mask[keep], last_pos[keep]

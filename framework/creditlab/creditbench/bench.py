@@ -313,10 +313,12 @@ class Bench:
             estimator, segmenter = est_cls(est_cfg), seg_cls(seg_cfg, tokenizer=tokenizer)
             sampler.take_generated_tokens()
             ctx = self.handle(self.model, tokenizer, backend, sampler, 1)
-            batch = collate(trajs, tokenizer.pad_token_id, self.checked["rollout"].truncation)
+            device = next(self.model.parameters()).device  # as in training: the batch on the policy's device
+            batch = collate(trajs, tokenizer.pad_token_id, self.checked["rollout"].truncation, device)
             batch = with_segments(batch, segmenter.segment(batch))
             t0 = time.perf_counter()
-            adv = estimator.estimate(batch, ctx).values.float()
+            adv = estimator.estimate(batch, ctx).values.float().cpu()
+            loss_mask = batch.loss_mask.cpu()
             seconds = time.perf_counter() - t0
         except Exception as exc:  # noqa: BLE001 - one estimator's failure is reported, not fatal
             return EstimatorScores(name, error=f"{type(exc).__name__}: {exc}"), {}
@@ -327,7 +329,7 @@ class Bench:
         true_a = [c.advantages for c in truth]
         points: list[tuple[float, float]] = []
         for reduction in REDUCTIONS:
-            credit = [per_thought(adv[b], batch.loss_mask[b], c.spans)[reduction == "mean"] for b, c in enumerate(truth)]
+            credit = [per_thought(adv[b], loss_mask[b], c.spans)[reduction == "mean"] for b, c in enumerate(truth)]
             if reduction == "mean":
                 points = [(float(a), float(e)) for t, cr in zip(true_a, credit) for a, e in zip(t, cr)]
             got, d = intervals(CreditScorer(true_a, credit, failed, self.settings.sign_threshold), weights)
