@@ -239,7 +239,8 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
 
     total = args.warmup + args.steps
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=total, max_epochs=-1, precision="32-true",
+        accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, max_steps=total, max_epochs=-1,
+        precision="bf16-mixed" if args.dtype == "bf16" else "32-true",
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
         deterministic=False, default_root_dir=str(Path(args.workdir) / "creditlab"),
@@ -280,7 +281,7 @@ def run_trl(args, ckpt: str, rec: Recorder, info: dict) -> None:
     total = args.warmup + args.steps
     config_kwargs = dict(
         output_dir=str(Path(args.workdir) / "trl"),
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        use_cpu=args.device == "cpu", bf16=args.dtype == "bf16", fp16=False, gradient_checkpointing=False,
         per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         generation_batch_size=batch, num_generations=args.generations,
         max_completion_length=new_tokens, num_iterations=1, beta=0.0,
@@ -342,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch AdamW implementation on both sides: fused (transformers' default "
                          "optim 'adamw_torch_fused' for torch>=2.8) or plain ('adamw_torch')")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where both sides train (cuda: Lightning accelerator=gpu; TRL use_cpu=False)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="training precision of both sides: fp32, or bf16 autocast (Lightning "
+                         "bf16-mixed; TRL bf16=True) with fp32 weights")
     ap.add_argument("--model", default=None,
                     help="a local model directory or a model recipe (e.g. smollm2_135m) instead of the "
                          "tiny Llama; its EOS is made unreachable so every completion is --new-tokens long")
@@ -377,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda, but torch.cuda.is_available() is False here (use --device cpu)")
     for name in ("lightning", "lightning.pytorch", "transformers", "trl", "accelerate"):
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
@@ -442,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = {s: side_stats(recs[s].rows, args.warmup) for s in active}
     vers = versions()
     print()
-    print(f"model: {args.model or 'the tiny Llama (4 layers, hidden 256)'}")
+    print(f"model: {args.model or 'the tiny Llama (4 layers, hidden 256)'}; device {args.device}, {args.dtype}")
     print(f"GRPO step: {args.prompts} prompts x {args.generations} completions x "
           f"{args.new_tokens} new tokens, fp32, CPU, {args.threads} threads; "
           f"{args.warmup} warm-up + {args.steps} measured steps per side"
