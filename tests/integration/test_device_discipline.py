@@ -52,4 +52,6 @@ def test_credit_bench_names_every_device(warm_start):
                              selectors=("random", "oracle"))
     with ImplicitDeviceAudit():
         result = Bench(["threads=1", *SMALL, *HAS_SEVEN], settings).run()
-    assert result.estimators
+    assert {e.name for e in result.estimators} == set(settings.estimators)
+    assert {e.name: e.error for e in result.estimators if e.error} == {}  # a part's failure is reported, not raised
+    assert {s.name: s.error for s in result.selectors if s.error} == {}
