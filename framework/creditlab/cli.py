@@ -36,6 +36,7 @@ from creditlab.compose import (
 )
 from creditlab.config import PART_KINDS, check_machine, validate
 from creditlab.errors import ConfigError, RegistryError, closest
+from creditlab.memory import GIB, PHASE_PARTS, plan_run
 from creditlab.registry import REGISTRIES, conf_entries
 from creditlab.rundir_guard import RunDirError, check_run_dir
 
@@ -160,8 +161,9 @@ def _unparsable(overrides: list[str]) -> str:
     return "cannot read the overrides " + " ".join(overrides)
 
 
-def check(overrides: list[str]) -> Any:
-    """Compose and validate; exit with a clear message on any mistake. Returns the config."""
+def check(overrides: list[str], machine: bool = True) -> Any:
+    """Compose and validate; exit with a clear message on any mistake (``machine``: also what this
+    machine lacks, e.g. GPUs). Returns the config."""
     first = None
     try:
         variants = _sweep_variants(overrides)
@@ -176,7 +178,7 @@ def check(overrides: list[str]) -> Any:
         here = not any(o.lstrip("+~").startswith("hydra/launcher=") and not o.endswith("=basic") for o in variant)
         try:
             checked = validate(cfg)
-            if here and "launch" in checked:
+            if here and machine and "launch" in checked:
                 check_machine(cfg, checked["launch"])
         except (ConfigError, RegistryError) as exc:
             _error(str(exc))
@@ -184,8 +186,45 @@ def check(overrides: list[str]) -> Any:
     return first
 
 
+def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
+    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.memory`); no model
+    is loaded and nothing is written."""
+    try:
+        plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens)
+    except (ConfigError, RegistryError) as exc:
+        _error(str(exc))
+    console = Console(width=120)
+    facts = Table(title="creditlab train --dry-run", show_header=False)
+    for key, value in resolved:
+        facts.add_row(key, value)
+    table = Table(title="memory estimate per device (docs/gpu.md: Memory before the model loads)")
+    for col in ("component", "GiB", "counted in"):
+        table.add_column(col, justify="right" if col == "GiB" else "left")
+    for name, value in plan.parts.items():
+        phases = [p for p, parts in PHASE_PARTS.items() if name in parts and p in plan.phases]
+        table.add_row(name, f"{value / GIB:.3f}", ", ".join(phases) or "host memory (see the note)")
+    for name, value in plan.phases.items():
+        table.add_row(f"[bold]{name}[/bold]", f"[bold]{value / GIB:.3f}[/bold]", "phase total")
+    console.print(facts, table)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    phase, peak = plan.peak
+    console.print(f"[bold]peak: {peak / GIB:.2f} GiB in {phase}[/bold] (the runtime: Python, torch, a CUDA context, "
+                  "is not counted)")
+
+
 def train(argv: list[str]) -> None:
-    """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``)."""
+    """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``); with
+    ``--dry-run [--prompt-tokens N]``, print the resolved parts and the memory estimate instead."""
+    dry = "--dry-run" in argv
+    tokens = None
+    if "--prompt-tokens" in argv:
+        i = argv.index("--prompt-tokens")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not dry or not value.isdigit():
+            _error("--prompt-tokens N (the longest prompt in tokens, an integer) goes with --dry-run")
+        tokens, argv = int(value), argv[:i] + argv[i + 2 :]
+    argv = [a for a in argv if a != "--dry-run"]
     overrides, skip, first = [], False, None
     for i, arg in enumerate(argv):
         if skip:
@@ -197,7 +236,9 @@ def train(argv: list[str]) -> None:
             overrides.append(arg)
             first = i if first is None else first
     if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
-        cfg = check(overrides)
+        cfg = check(overrides, machine=not dry)  # a dry run may plan for another machine
+        if dry:  # the first combination of a sweep
+            return dry_run(cfg, tokens)
         if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
             try:
                 check_run_dir(cfg.run_dir)
@@ -339,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"creditlab: unknown command '{argv[0]}'." + (f" Did you mean '{hint}'?" if hint else ""), file=sys.stderr)
         print("usage: creditlab {train,plugins,compare,credit-bench} [args]\n"
               "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
+              "  train --dry-run [key=value ...]   the resolved parts and a memory estimate, no run\n"
               "  plugins                      list registered parts\n"
               "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs\n"
               "  credit-bench [key=value ...] [--k 32]   score estimators against Monte-Carlo truth", file=sys.stderr)

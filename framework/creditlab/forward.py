@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - older transformers: no sharing, plain 
     DynamicLayer = None
 
 __all__ = [
-    "CACHE_KEY", "accepts_logits_to_keep", "branch_logits", "cache_of", "dynamic_rope",
+    "CACHE_KEY", "accepts_logits_to_keep", "branch_logits", "cache_of", "dynamic_rope", "keep_last",
     "position_ids", "response_logits", "unique_rows",
 ]
 
@@ -72,6 +72,14 @@ def dynamic_rope(model: Any) -> bool:
     return "dynamic" in str(rope_type) or rope_type == "longrope"
 
 
+def keep_last(n: int, device: torch.device) -> torch.Tensor:
+    """``logits_to_keep`` for the last ``n`` positions as an index tensor, not the int ``n``: the int
+    slices the hidden states into a non-contiguous view, and a frozen LM head (LoRA) multiplied by
+    such a view is copied once per batch row by ``torch.matmul`` (0.27 GB a row for a 151,936 x 896
+    bf16 head); indexing makes a small contiguous copy of the hidden states instead. Same logits."""
+    return torch.arange(-n, 0, device=device)
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) positions counting only real tokens (left padding gets 0), from the (B, L) mask."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -100,12 +108,20 @@ def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _unshareable_mode(model: Any) -> bool:
     """Whether the model's training mode forbids a shared prompt pass: dropout is active (each row
     would get the same dropout mask on its prompt) or gradient checkpointing is on (it drops
-    the KV cache)."""
+    the KV cache).
+
+    Checkpointing is what ``transformers`` checks: a module whose ``gradient_checkpointing`` flag
+    is on and that is itself in training mode, with gradients enabled. It is looked for before
+    the model's own flag, since :func:`creditlab.models.enable_gradient_checkpointing` sets
+    ``training`` on the decoder layers only, in a policy kept in eval mode.
+    """
+    if torch.is_grad_enabled() and any(
+        getattr(m, "gradient_checkpointing", False) is True and m.training for m in model.modules()
+    ):
+        return True
     if not getattr(model, "training", False):
         return False
     for module in model.modules():
-        if getattr(module, "gradient_checkpointing", False) is True and module.training:
-            return True
         if isinstance(module, torch.nn.Dropout) and module.p > 0 and module.training:
             return True
     config = getattr(model, "config", None)
@@ -143,7 +159,7 @@ def _plain(model: Any, ids: torch.Tensor, mask: torch.Tensor, p: int, keep: bool
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         return out.logits[:, p - 1 : -1]
     ids, mask = ids[:, :-1], mask[:, :-1]
-    kwargs = {"logits_to_keep": t} if keep else {}
+    kwargs = {"logits_to_keep": keep_last(t, ids.device)} if keep else {}
     pos = position_ids(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
     return out.logits if keep else out.logits[:, p - 1 :]
@@ -197,7 +213,7 @@ def response_logits(
         attention_mask=prompt_mask,
         position_ids=position_ids(prompt_mask),
         use_cache=True,
-        logits_to_keep=1,
+        logits_to_keep=keep_last(1, input_ids.device),
         **{CACHE_KEY: cache},
     )
     head = out.logits[:, -1:][inverse]  # (b, 1, V)
@@ -262,7 +278,7 @@ def branch_logits(
         return None
     model_out = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-        use_cache=True, logits_to_keep=1, **{CACHE_KEY: cache},
+        use_cache=True, logits_to_keep=keep_last(1, input_ids.device), **{CACHE_KEY: cache},
     )
     trunk_cache = cache_of(model_out)
     width = input_ids.shape[1]

@@ -20,6 +20,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+try:  # transformers >= 4.52: each decoder layer checkpoints itself
+    from transformers.modeling_layers import GradientCheckpointingLayer
+except ImportError:  # pragma: no cover - older transformers: the model body loops over its layers
+    GradientCheckpointingLayer = None
+
 from creditlab.accel import MODES, compile_model
 from creditlab.errors import ConfigError
 from creditlab.registry import build_config, registry
@@ -88,6 +93,10 @@ class ModelConfig:
         accelerator: Optional speed path (:mod:`creditlab.accel`): ``auto`` (fused decoding where
             supported), ``none``, ``fused`` or ``compile`` (``torch.compile`` of the forward,
             applied by :func:`load_policy`); the HF backend's ``accelerator`` reads it too.
+        gradient_checkpointing: Keep only each decoder layer's input for the backward and
+            recompute the layer there (:func:`enable_gradient_checkpointing`): activation memory
+            of the update falls from every layer's intermediate tensors to one hidden state per
+            layer, for about one more forward of compute.
     """
 
     name_or_path: str | None = None
@@ -97,6 +106,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     hints: dict = field(default_factory=dict)
     accelerator: str = "auto"
+    gradient_checkpointing: bool = False
     lora: Any = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
@@ -122,8 +132,9 @@ def resolve_model_path(cfg: ModelConfig) -> str:
 
 def load_policy(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Any, str]:
     """``(model, tokenizer, path)`` loaded with ``from_pretrained``, the same path for every model,
-    with LoRA adapters when ``cfg.lora.enabled`` (initialized from ``seed``) and its forward
-    compiled when ``cfg.accelerator`` is ``compile``."""
+    with LoRA adapters when ``cfg.lora.enabled`` (initialized from ``seed``), gradient
+    checkpointing when ``cfg.gradient_checkpointing`` and its forward compiled when
+    ``cfg.accelerator`` is ``compile``."""
     path = resolve_model_path(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
@@ -137,7 +148,57 @@ def load_policy(cfg: ModelConfig, seed: int = 0) -> tuple[Any, Any, str]:
         ) from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return compile_model(apply_lora(model, cfg.lora, seed), cfg.accelerator), tokenizer, path
+    model = apply_lora(model, cfg.lora, seed)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return compile_model(model, cfg.accelerator), tokenizer, path
+
+
+def enable_gradient_checkpointing(model: Any) -> list[torch.nn.Module]:
+    """Turn on ``transformers``' gradient (activation) checkpointing of every decoder layer, in
+    the policy's eval mode; returns the layers that checkpoint.
+
+    ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` before ``transformers``
+    5.24 renamed it) with ``use_reentrant=False``: torch's non-reentrant checkpoint, which needs
+    no input that requires grad (a LoRA model's frozen embeddings; ``transformers`` also hooks the
+    embeddings' output to require grad, which changes no gradient). A LoRA model is enabled on its
+    base model: the adapters sit inside the checkpointed layers and are recomputed with them.
+
+    The trap: ``transformers`` checkpoints a layer only while that layer module is in training
+    mode, and the policy stays in eval mode on purpose (no dropout: the trainer's log-probs must
+    equal the sampler's). So the decoder-layer modules alone (those whose ``gradient_checkpointing``
+    flag is now on: ``GradientCheckpointingLayer``, or the model body in ``transformers`` before
+    it) get ``training = True``, not their children: attention dropout reads the attention
+    module's flag, which stays False, and nothing else in these layers reads ``training`` (Llama,
+    Qwen2, OLMo-3 in ``transformers`` 5.24). A later ``model.eval()`` turns checkpointing off
+    again; the HF backend restores every module's flag after generating, and under
+    ``torch.no_grad`` (generation, old and reference log-probs) a layer never checkpoints.
+    ``creditlab.forward`` sees the flags and runs the plain forward instead of the shared-prompt
+    one (checkpointed layers drop the KV cache).
+    """
+    base = model.get_base_model() if is_peft(model) else model
+    kwargs = {"use_reentrant": False}
+    fix = "set model.gradient_checkpointing=false for this model"
+    try:
+        if callable(getattr(base, "activation_checkpointing_enable", None)):  # transformers >= 5.24
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    except ValueError as exc:  # the architecture does not support it
+        raise ConfigError(f"model.gradient_checkpointing=true: {exc} ({fix})") from exc
+    kind = GradientCheckpointingLayer or torch.nn.Module
+    layers = [
+        m for m in base.modules()
+        if isinstance(m, kind) and getattr(m, "gradient_checkpointing", False) is True
+    ]
+    if not layers:
+        raise ConfigError(
+            f"model.gradient_checkpointing=true, but {type(base).__name__} has no layer that "
+            f"checkpoints: {fix}."
+        )
+    for layer in layers:
+        layer.training = True  # this module only (see above): .train() would turn dropout on
+    return layers
 
 
 #: Module types ``peft``'s LoRA can adapt (matched by class name, so that ``transformers``'

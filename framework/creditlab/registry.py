@@ -230,11 +230,14 @@ def build_part(kind: str, options: Mapping[str, Any], **kwargs: Any) -> Part:
     return cls(config, **kwargs)
 
 
-#: One registry per kind of part, plus model recipes (callables returning a local model path).
+#: One registry per kind of part, plus model recipes (callables returning a local model path) and
+#: their shapes (callables ``recipe_args -> (transformers config, tokenizer or None)`` that build
+#: no weights, registered under the recipe's name; read by :mod:`creditlab.memory`).
 REGISTRIES: dict[str, Registry[Any]] = {
     kind: Registry(kind, f"creditlab.{kind}", base) for kind, base in INTERFACES.items()
 }
 REGISTRIES["model_recipe"] = Registry("model_recipe", "creditlab.model_recipe")
+REGISTRIES["model_recipe_config"] = Registry("model_recipe_config", "creditlab.model_recipe_config")
 
 
 def registry(kind: str) -> Registry[Any]:

@@ -261,3 +261,21 @@ def test_shared_prompts_equal_plain_forward_on_every_architecture(name):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # pads too
     for a, b in zip(g_want, g_got):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_keep_last_index_gives_the_int_slices_logits_from_a_contiguous_input():
+    """``keep_last`` (an index tensor) selects what ``logits_to_keep=n`` does; the int's
+    non-contiguous view makes torch.matmul copy a frozen LM head once per row (LoRA), the index
+    a small contiguous copy of the hidden states."""
+    from creditlab.forward import keep_last
+
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    ids = torch.randint(5, 40, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for n in (1, 4):
+            want = model(input_ids=ids, logits_to_keep=n).logits
+            got = model(input_ids=ids, logits_to_keep=keep_last(n, ids.device)).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    hidden = torch.randn(3, 9, 8)
+    assert hidden[:, keep_last(4, hidden.device), :].is_contiguous()
+    assert not hidden[:, -4:, :].is_contiguous()

@@ -34,7 +34,7 @@ from creditlab.backends.sampling import (
     split_stops,
     validate_sampling,
 )
-from creditlab.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, position_ids
+from creditlab.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, keep_last, position_ids
 from creditlab.interfaces import GenerationBackend
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
@@ -113,7 +113,7 @@ class HFBackend(GenerationBackend):
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.config}")
         #: Settings actually used by the last ``generate`` call (TESTING trap 7).
         self.last_effective: dict = {}
-        self._keep = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+        self._keeps_logits = accepts_logits_to_keep(model)  # only the last position's (keep_last)
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
         #: The speed path (``path``: ``fused``, ``compile`` or ``none``), recorded with the run.
         self.accelerator: Choice = choose(self.config.accelerator, model)
@@ -293,6 +293,7 @@ class HFBackend(GenerationBackend):
         if use_cache and self.config.share_prefill and gatherable(cache):
             shared = shared_contexts(contexts)
         every = self.config.sync_every or (1 if device.type == "cpu" else 8)
+        last_only = {"logits_to_keep": keep_last(1, device)} if self._keeps_logits else {}
         fused = self._fused if use_cache and max_new > 1 else None
         feed_ids, feed_pos = ids, pos
         for step in range(max_new):
@@ -311,7 +312,7 @@ class HFBackend(GenerationBackend):
                     position_ids=pos[first],
                     use_cache=True,
                     **{CACHE_KEY: cache},
-                    **self._keep,
+                    **last_only,
                 )
                 cache = cache_of(out)
                 logits = out.logits[:, -1, :][inverse]
@@ -331,7 +332,7 @@ class HFBackend(GenerationBackend):
                     position_ids=feed_pos,
                     use_cache=use_cache,
                     **{CACHE_KEY: cache},
-                    **self._keep,
+                    **last_only,
                 )
                 if use_cache:
                     cache = cache_of(out)
