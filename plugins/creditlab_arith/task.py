@@ -39,6 +39,10 @@ _STEP_RE = re.compile(
 _PROSE_STEP_RE = re.compile(r"(-?\d+)\s*([+\-*×x])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))")
 #: Text renderings of the problems (``task.render``).
 RENDERS = ("symbolic", "words")
+#: Interchangeable words a thought may open with (``task.free_words``): distinct first letters, so
+#: each is one free choice among eight (ln 8 = 2.08 nats) at its first character; none changes a result.
+FREE_WORDS = ("so", "then", "now", "ok", "and", "hence", "well", "right")
+_FREE_RE = re.compile(r"^(?:(?:" + "|".join(FREE_WORDS) + r") )*")
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
@@ -79,9 +83,14 @@ def _clean(thought: str, delimiter: str) -> str:
     return thought
 
 
-def parse_step(thought: str, prose: bool = False) -> tuple[int | None, int, str, int, int] | None:
+def parse_step(
+    thought: str, prose: bool = False, free: bool = False
+) -> tuple[int | None, int, str, int, int] | None:
     """``(label, lhs, op, operand, result)`` of a thought ``"[<k>:]<lhs><op><operand>=<result>"``
     (result plain or boxed; ``label`` None when unlabelled), or ``None`` if it is not one.
+
+    With ``free`` (``task.free_words`` > 0) the equation may follow words of :data:`FREE_WORDS`
+    (each with one space), after the label: ``"2:so ok 12*3=36"``.
 
     With ``prose`` (the ``words`` rendering) the thought is a sentence and its *last* equation
     ``"<lhs> <op> <operand> = <result>"`` is the step (``×``/``x`` read as ``*``; no label).
@@ -95,6 +104,10 @@ def parse_step(thought: str, prose: bool = False) -> tuple[int | None, int, str,
         got = m.group(4) if m.group(4) is not None else m.group(5)
         op = "*" if m.group(2) in "×x" else m.group(2)
         return None, int(m.group(1)), op, int(m.group(3)), int(got)
+    if free:
+        label = re.match(r"^\d+\s*:\s*", thought)
+        cut = label.end() if label else 0
+        thought = thought[:cut] + thought[cut:][_FREE_RE.match(thought[cut:]).end():]
     m = _STEP_RE.match(thought)
     if m is None:
         return None
@@ -105,14 +118,14 @@ def parse_step(thought: str, prose: bool = False) -> tuple[int | None, int, str,
 
 def step_is_correct(
     thought: str, lhs: int, op: str, operand: int, result: int, label: int | None = None,
-    prose: bool = False,
+    prose: bool = False, free: bool = False,
 ) -> bool:
     """Whether ``thought`` states ``lhs op operand = result`` (result plain or boxed).
 
     A leading step label ``"<k>:"`` is optional; when present it must equal ``label`` (a
-    thought labelled with no ``label`` expected is malformed). ``prose``: see :func:`parse_step`.
+    thought labelled with no ``label`` expected is malformed). ``prose``, ``free``: see :func:`parse_step`.
     """
-    step = parse_step(thought, prose)
+    step = parse_step(thought, prose, free)
     if step is None or (step[0] is not None and step[0] != label):
         return False
     return step[1:] == (lhs, op, operand, result)
@@ -125,6 +138,7 @@ def first_wrong_thought(
     steps: Sequence[tuple[str, int, int]],
     delimiter: str = "</thought>",
     prose: bool = False,
+    free: bool = False,
 ) -> int | None:
     """The step oracle: 0-based index of the first wrong thought, or ``None`` if all are right.
 
@@ -143,6 +157,7 @@ def first_wrong_thought(
         steps: Gold ``(op, operand, result)`` per step.
         delimiter: Removed from the end of a thought before checking.
         prose: Thoughts are sentences (``render=words``): each one's last equation is its step.
+        free: Thoughts may open with words of :data:`FREE_WORDS` (``task.free_words``).
 
     Returns:
         The index of the first wrong thought, or ``None``.
@@ -150,7 +165,7 @@ def first_wrong_thought(
     clean = [_clean(t, delimiter) for t in thoughts]
     value = start
     for i, (op, operand, result) in enumerate(steps):
-        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result, i + 1, prose):
+        if i >= len(clean) or not step_is_correct(clean[i], value, op, operand, result, i + 1, prose, free):
             return i
         value = result
     answers = [(i, last_boxed(t)) for i, t in enumerate(clean)]
@@ -188,6 +203,10 @@ class ArithTask(Task):
             render: ``symbolic`` (``"Start 7, +5, *3, -4. "``) or ``words``: the same problems
                 as word problems with sentence thoughts (:mod:`creditlab_arith.words`), for
                 real language models.
+            free_words: Outcome-irrelevant free choices (issue 29's positive control): every gold
+                thought opens with this many words drawn uniformly from :data:`FREE_WORDS` (per
+                problem, from the seed), so a warm start taught on them stays unsure of tokens
+                that never decide the outcome; the step oracle accepts any of them. Symbolic only.
         """
 
         num_train: int = 2000
@@ -201,6 +220,7 @@ class ArithTask(Task):
         delimiter: str = "</thought>"
         numbered: bool = False
         render: str = "symbolic"
+        free_words: int = 0
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -215,6 +235,8 @@ class ArithTask(Task):
             raise ValueError("task.delimiter must be non-empty")
         if c.render not in RENDERS:
             raise ValueError(f"task.render must be one of {RENDERS}, got {c.render!r}")
+        if c.free_words < 0 or (c.free_words and c.render != "symbolic"):
+            raise ValueError(f"task.free_words must be >= 0 and used with task.render=symbolic, got {c.free_words}")
         if c.render == "words" and c.numbered:
             raise ValueError("task.numbered labels symbolic steps; use it with task.render=symbolic")
         self._cache: dict[str, list[Problem]] = {}
@@ -239,16 +261,19 @@ class ArithTask(Task):
             steps.append((op, b, value))
         return start, steps
 
-    def _symbolic(self, start: int, steps: Sequence[tuple[str, int, int]]) -> tuple[str, list[str]]:
-        """The symbolic prompt and gold thoughts (without delimiters)."""
+    def _symbolic(self, start: int, steps: Sequence[tuple[str, int, int]], pid: str = "") -> tuple[str, list[str]]:
+        """The symbolic prompt and gold thoughts (without delimiters); ``free_words`` words drawn
+        for problem ``pid`` open each thought."""
         tag = (lambda k: f"{k}:") if self.config.numbered else (lambda k: "")
+        rng = random.Random(f"creditlab-arith-free-{self.config.seed}-{pid}")
+        free = lambda: "".join(rng.choice(FREE_WORDS) + " " for _ in range(self.config.free_words))  # noqa: E731
         prompt = f"Start {start}, " + ", ".join(
             f"{tag(k + 1)}{op}{b}" for k, (op, b, _) in enumerate(steps)
         ) + ". "
         thoughts, value = [], start
         for i, (op, b, result) in enumerate(steps):
             shown = f"{BOXED}{result}}}" if i == len(steps) - 1 else str(result)
-            thoughts.append(f"{tag(i + 1)}{value}{op}{b}={shown}")
+            thoughts.append(f"{tag(i + 1)}{free()}{value}{op}{b}={shown}")
             value = result
         return prompt, thoughts
 
@@ -256,7 +281,7 @@ class ArithTask(Task):
         """Build the :class:`Problem` for a start value and gold steps."""
         delim = self.config.delimiter
         prose = self.config.render == "words"
-        prompt, thoughts = words.render(start, steps) if prose else self._symbolic(start, steps)
+        prompt, thoughts = words.render(start, steps) if prose else self._symbolic(start, steps, pid)
         value = steps[-1][2]
         solution = "".join(t + delim for t in thoughts)
         steps_t = tuple((op, int(b), int(r)) for op, b, r in steps)
@@ -272,7 +297,8 @@ class ArithTask(Task):
                 "solution": solution,
             },
             oracle=functools.partial(
-                first_wrong_thought, start=start, steps=steps_t, delimiter=delim, prose=prose
+                first_wrong_thought, start=start, steps=steps_t, delimiter=delim, prose=prose,
+                free=self.config.free_words > 0,
             ),
         )
 

@@ -484,3 +484,33 @@ def test_resolve_examples_blame_step_k() -> None:
 
     with pytest.raises(ValueError, match="localization_answer must be one of"):
         resolve_args({"localization_answer": "Resolve"})
+
+
+def test_free_words_are_uniform_free_choices_the_oracle_ignores():
+    """task.free_words (issue 29): every gold thought opens with that many words of FREE_WORDS,
+    drawn per problem and about uniformly; any of them (or none) leaves a right step right, a wrong
+    step stays wrong, and the default task is unchanged (no words, words not accepted)."""
+    from collections import Counter
+
+    from creditlab_arith.task import FREE_WORDS, parse_step
+
+    task = ArithTask(ArithTask.Config(free_words=2, num_train=400, num_test=50))
+    counts: Counter = Counter()
+    for p in task.load("train"):
+        thoughts = p.metadata["thoughts"]
+        for t in thoughts:
+            first, second, _ = t.split(" ", 2)
+            counts.update([first, second])
+        assert p.oracle(thoughts) is None
+        plain = [t.split(" ", 2)[2] for t in thoughts]
+        assert p.oracle(plain) is None and p.oracle(["well " + t for t in plain]) is None
+        wrong = plain[0].rsplit("=", 1)[0] + "=999"
+        assert p.oracle(["so ok " + wrong, *plain[1:]]) == 0
+    assert set(counts) == set(FREE_WORDS)
+    share = [n / sum(counts.values()) for n in counts.values()]
+    assert max(share) - min(share) < 0.03, counts  # 1/8 each, ~3,000 draws
+    assert task.load("test") == ArithTask(ArithTask.Config(free_words=2, num_train=400, num_test=50)).load("test")
+    assert parse_step("so 7+5=12") is None and parse_step("so 7+5=12", free=True) == (None, 7, "+", 5, 12)
+    assert parse_step("2:then 7+5=12", free=True) == (2, 7, "+", 5, 12)
+    with pytest.raises(ValueError, match="free_words"):
+        ArithTask(ArithTask.Config(free_words=1, render="words"))
