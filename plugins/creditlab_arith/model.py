@@ -306,7 +306,12 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             task, tokenizer, float(args["localization"]), int(args["seed"]), problems[:n_sft],
             float(args["localization_weight"]), str(args["localization_answer"]),
         )
-        validate = (lambda: greedy_pass1(model, tokenizer, problems[n_sft:])) if n_val else None
+        held_out = problems[n_sft:]
+        # The greedy budget fits the longest gold solution (8 numbered steps with free words run
+        # past 96 tokens); 96 at least, which every 2-5-step default solution fits (same stops).
+        budget = max([96] + [len(tokenizer(p.metadata["solution"], add_special_tokens=False).input_ids) + 8
+                             for p in held_out])
+        validate = (lambda: greedy_pass1(model, tokenizer, held_out, budget)) if n_val else None
         loss = warm_start(model, data, tokenizer.pad_token_id, args, validate)
     finally:
         torch.set_num_threads(old_threads)
