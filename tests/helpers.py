@@ -20,6 +20,8 @@ folder, for plug-in discovery tests.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import string
 import textwrap
@@ -176,3 +178,19 @@ def write_dist(
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source))
+
+
+def check_finished_run(run_dir: str | Path, steps: int) -> list[dict]:
+    """Assert the run in ``run_dir`` finished and logged training steps ``1..steps`` (with loss and
+    gradient norm) and only finite numbers; returns its metrics.jsonl rows."""
+    run_dir = Path(run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "finished", status
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if "train/reward/mean" in r]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))
+    assert all("train/loss" in r and "train/grad_norm" in r for r in train)
+    bad = [(r["step"], k) for r in rows for k, v in r.items()
+           if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))]
+    assert not bad, f"non-finite or non-numeric metrics: {bad[:5]}"
+    return rows

@@ -275,13 +275,12 @@ def _batch(
     return ids, mask, labels
 
 
-def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """Build tokenizer and model, warm-start them, save both into ``out_dir``."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+def tiny_config(args: Mapping[str, Any], tokenizer: Any) -> Any:
+    """The ``LlamaConfig`` of the model for resolved recipe ``args`` (also read, without building
+    anything, by :mod:`creditlab_arith.shape`)."""
+    from transformers import LlamaConfig
 
-    task = ArithTask(ArithTask.Config(**args["task"]))
-    tokenizer = build_char_tokenizer(task.config.delimiter)
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=args["hidden_size"],
         intermediate_size=args["intermediate_size"],
@@ -294,6 +293,15 @@ def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def _train(args: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Build tokenizer and model, warm-start them, save both into ``out_dir``."""
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    task = ArithTask(ArithTask.Config(**args["task"]))
+    tokenizer = build_char_tokenizer(task.config.delimiter)
+    config = tiny_config(args, tokenizer)
     old_threads = torch.get_num_threads()
     torch.set_num_threads(int(args["threads"]))
     try:

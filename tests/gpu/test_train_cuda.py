@@ -14,7 +14,6 @@ preset, ``method=vineppo``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import check_finished_run
 from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
@@ -42,15 +42,7 @@ def _overrides(run_dir, method, precision=None):
 def _check_run(run_dir: Path) -> dict:
     """The run finished and logged training steps 1..STEPS with finite numbers; returns
     environment.json."""
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["status"] == "finished", status
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = [r for r in rows if "train/reward/mean" in r]
-    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
-    assert all("train/loss" in r and "train/grad_norm" in r for r in train)
-    bad = [(r["step"], k) for r in rows for k, v in r.items()
-           if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))]
-    assert not bad, f"non-finite or non-numeric metrics: {bad[:5]}"
+    check_finished_run(run_dir, STEPS)
     return json.loads((run_dir / "environment.json").read_text())
 
 

@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import check_finished_run
 from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
@@ -224,16 +223,7 @@ def _train(run_dir: Path, method: str, precision: str) -> tuple[Seen, list[dict]
         seen = _observe(mp)
         summary = run(compose(_overrides(run_dir, method, precision)), run_dir)
     assert summary["steps"] == STEPS
-    status = json.loads((run_dir / "status.json").read_text())
-    assert status["status"] == "finished", status
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train = [r for r in rows if "train/reward/mean" in r]
-    assert [r["step"] for r in train] == list(range(1, STEPS + 1))
-    assert all("train/loss" in r and "train/grad_norm" in r for r in train)
-    bad = [(r["step"], k) for r in rows for k, v in r.items()
-           if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))]
-    assert not bad, f"non-finite or non-numeric metrics: {bad[:5]}"
-    return seen, rows
+    return seen, check_finished_run(run_dir, STEPS)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
