@@ -162,7 +162,7 @@ def prompt_tokens(problems: list[Any], tokenizer: Any, chat_template: Any) -> tu
 def precision_bytes(precision: Any, dtype: str) -> tuple[int, int, bool]:
     """``(w, a, autocast)``: bytes per weight and per activation under ``trainer.precision``, and
     whether autocast runs fp32 weights in half precision (``*-mixed``)."""
-    w, p = torch.empty((), dtype=DTYPES[dtype]).element_size(), str(precision)
+    w, p = DTYPES[dtype].itemsize, str(precision)
     if p in HALF_TRUE or p in ("64-true", "64"):
         return (8, 8, False) if p.startswith("64") else (2, 2, False)
     return (w, 2, w > 2) if p in MIXED else (w, w, False)
