@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -33,6 +34,35 @@ def shares(weights: list[float], spans: tuple[tuple[int, int], ...], k: int) -> 
     per = [sum(weights[a:b]) for a, b in spans]
     total = sum(per) or 1.0
     return sum(per[:k]) / total, per[k] / total, sum(per[k + 1 :]) / total
+
+
+#: A thought's label ("3:") and the free words after it (task.free_words): letters and spaces.
+_FREE = re.compile(r"\s*(?:\d+:)?([a-z ]*)")
+
+
+def free_word_mask(pieces: list[str], spans: tuple[tuple[int, int], ...]) -> list[bool]:
+    """Which response tokens belong to a thought's opening free words (``task.free_words``).
+
+    Args:
+        pieces: the response's tokens as text, one string per token.
+        spans: the thoughts' token spans.
+
+    Returns:
+        One flag per token: True inside the run of letters and spaces that opens a thought after
+        its optional ``k:`` label, the words that never change an outcome.
+    """
+    mask = [False] * len(pieces)
+    for a, b in spans:
+        text, ends, pos = "", [], 0
+        for piece in pieces[a:b]:
+            text += piece
+            ends.append(len(text))
+        m = _FREE.match(text)
+        lo, hi = m.span(1)
+        for j, end in enumerate(ends):
+            start = end - len(pieces[a + j])
+            mask[a + j] = start >= lo and end <= hi and end > start and hi > lo
+    return mask
 
 
 def logit_gradient_norms(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -66,6 +96,7 @@ def main() -> None:
     problems = task.load("test")[: args.problems] * args.samples
 
     sums = {"tokens": [0.0, 0.0, 0.0], "gradient": [0.0, 0.0, 0.0]}
+    free_before = {"tokens": 0.0, "gradient": 0.0}  # the part of "before" on free words
     failed = chains = 0
     for i in range(0, len(problems), 64):
         batch = problems[i : i + 64]
@@ -94,13 +125,17 @@ def main() -> None:
             k = min(k, len(spans) - 1)
             p_rows = probs[row, start - 1 : start - 1 + n]  # (n, vocab): the distribution of each response token
             g = logit_gradient_norms(p_rows, torch.tensor(response)).tolist()  # per unit advantage
+            free = free_word_mask([tok.decode([t]) for t in response], spans)
             for key, weights in (("tokens", [1.0] * n), ("gradient", g)):
                 for j, share in enumerate(shares(weights, spans, k)):
                     sums[key][j] += share
+                on_free = [w if f else 0.0 for w, f in zip(weights, free)]
+                free_before[key] += shares(on_free, spans, k)[0] * sum(on_free) / (sum(weights) or 1.0)
     print(f"{failed} failed of {chains} sampled chains (T = 1), {task.config.min_steps}-{task.config.max_steps} steps")
     for key, label in (("tokens", "share of tokens (GRPO's advantage mass)"), ("gradient", "share of GRPO's logit gradient")):
         before, at, after = (s / max(failed, 1) for s in sums[key])
-        print(f"{label:42s} before {before:.3f}   first wrong step {at:.3f}   after {after:.3f}")
+        print(f"{label:42s} before {before:.3f}   first wrong step {at:.3f}   after {after:.3f}"
+              f"   (before, on free words {free_before[key] / max(failed, 1):.3f})")
 
 
 if __name__ == "__main__":

@@ -34,3 +34,11 @@ def test_logit_gradient_norm_vanishes_on_a_certain_token(blame_share):
     assert norms[0] == pytest.approx(0.0)
     assert norms[1] == pytest.approx(math.sqrt(0.9**2 + 0.9**2))
     assert norms[2] == pytest.approx(math.sqrt(0.5**2 + 0.25**2 + 0.25**2))
+
+
+def test_free_word_mask_marks_the_words_that_open_a_thought(blame_share):
+    pieces = list("1:so ok 9+4=13</t>2:then 13*2=26")
+    spans = ((0, 18), (18, len(pieces)))
+    mask = blame_share.free_word_mask(pieces, spans)
+    assert "".join(c for c, f in zip(pieces, mask) if f) == "so ok then "
+    assert blame_share.free_word_mask(list("1:9+4=13"), ((0, 8),)) == [False] * 8  # no free words
