@@ -123,3 +123,27 @@ def test_horizon_sweep_runs_the_reset_methods_at_every_horizon_on_equal_budgets(
     assert cells == set(itertools.product(horizons, ["grpo", "rrpo", "srpo", "srpo_oracle"], range(5)))
     assert all(len(b) == 1 for b in budgets.values()), f"unequal budgets within a horizon: {budgets}"
     assert all(len(m) == 1 for m in models.values()) and len(evals) == 1, (models, evals)
+
+
+def test_free_words_sweep_places_every_method_at_each_knob_on_equal_budgets():
+    """The positive control's grid: every method x free_words x 5 seeds; within a knob setting the
+    same budgets and a warm start trained on the run's own task (its free words included)."""
+    cells, budgets, models, knobs = set(), {}, {}, set()
+    for job in sweep_jobs("free_words"):
+        cfg = compose_sweep_job("free_words", job)
+        checked = validate(cfg)
+        run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
+        k = int(cfg.task.free_words)
+        knobs.add(k)
+        cells.add((k, run.method, run.seed))
+        recipe_task = cfg.model.recipe_args.task
+        assert (recipe_task.free_words, recipe_task.max_steps) == (k, cfg.task.max_steps) == (k, 8)
+        assert rollout.max_new_tokens >= 260, "8 thoughts with free words run to ~194 tokens"
+        budgets.setdefault(k, set()).add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size,
+                                          rollout.max_new_tokens, loss.updates_per_batch, float(cfg.optim.lr),
+                                          cfg.eval.problems, cfg.eval.every, cfg.eval.samples))
+        models.setdefault(k, set()).add(str(cfg.model.recipe_args))
+    methods = ["grpo", "srpo_oracle", "rrpo", "srpo", "vineppo", "oar_g", "ibpo", "rredcot"]
+    assert knobs == {0, 2} and cells == set(itertools.product(knobs, methods, range(5)))
+    assert all(len(b) == 1 for b in budgets.values()), f"unequal budgets within a knob setting: {budgets}"
+    assert all(len(m) == 1 for m in models.values()), models
