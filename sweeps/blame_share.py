@@ -53,7 +53,7 @@ def free_word_mask(pieces: list[str], spans: tuple[tuple[int, int], ...]) -> lis
     """
     mask = [False] * len(pieces)
     for a, b in spans:
-        text, ends, pos = "", [], 0
+        text, ends = "", []
         for piece in pieces[a:b]:
             text += piece
             ends.append(len(text))
