@@ -17,6 +17,7 @@ already lands on the slip, and the oracle reset's exact credit has little left t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 from pathlib import Path
@@ -53,15 +54,10 @@ def free_word_mask(pieces: list[str], spans: tuple[tuple[int, int], ...]) -> lis
     """
     mask = [False] * len(pieces)
     for a, b in spans:
-        text, ends = "", []
-        for piece in pieces[a:b]:
-            text += piece
-            ends.append(len(text))
-        m = _FREE.match(text)
-        lo, hi = m.span(1)
-        for j, end in enumerate(ends):
-            start = end - len(pieces[a + j])
-            mask[a + j] = start >= lo and end <= hi and end > start and hi > lo
+        lo, hi = _FREE.match("".join(pieces[a:b])).span(1)
+        lengths = [len(p) for p in pieces[a:b]]
+        for j, end in enumerate(itertools.accumulate(lengths)):
+            mask[a + j] = lengths[j] > 0 and lo <= end - lengths[j] and end <= hi
     return mask
 
 
@@ -129,8 +125,8 @@ def main() -> None:
             for key, weights in (("tokens", [1.0] * n), ("gradient", g)):
                 for j, share in enumerate(shares(weights, spans, k)):
                     sums[key][j] += share
-                on_free = [w if f else 0.0 for w, f in zip(weights, free)]
-                free_before[key] += shares(on_free, spans, k)[0] * sum(on_free) / (sum(weights) or 1.0)
+                before_free = sum(w for w, f in zip(weights[: spans[k][0]], free) if f)
+                free_before[key] += before_free / (sum(weights) or 1.0)  # the spans partition the response
     print(f"{failed} failed of {chains} sampled chains (T = 1), {task.config.min_steps}-{task.config.max_steps} steps")
     for key, label in (("tokens", "share of tokens (GRPO's advantage mass)"), ("gradient", "share of GRPO's logit gradient")):
         before, at, after = (s / max(failed, 1) for s in sums[key])
