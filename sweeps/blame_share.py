@@ -12,6 +12,11 @@ do), and for each failed chain with a step oracle splits ``sum_t g_t`` into the 
 thoughts before the first wrong one, on it, and after it, next to the share of tokens. When the
 policy is confident on its right steps and its slips are unlikely tokens, the uniform advantage
 already lands on the slip, and the oracle reset's exact credit has little left to add.
+
+On a trap preset (``task.trap``, docs/methods/positive_control.md) score the RL task, not the warm
+start's own mix: ``--task trap=1``. It then also reports where chains of trap problems fail: how
+often the first wrong step is the trap, and the accuracy at the trap and at each step before it,
+each given a right prefix.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import re
 from pathlib import Path
 
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from creditlab.generation import merge_eos_tail, span_texts, thought_spans
@@ -61,6 +67,44 @@ def free_word_mask(pieces: list[str], spans: tuple[tuple[int, int], ...]) -> lis
     return mask
 
 
+def task_overrides(pairs: list[str]) -> dict:
+    """``["trap=1", ...]`` as task options (values read as YAML); a clear error on a malformed pair."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--task takes KEY=VALUE (e.g. --task trap=1), got {pair!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def trap_step(problem) -> int | None:
+    """0-based index of ``problem``'s trap step (its exact division, ``task.trap``), or None."""
+    return next((i for i, (op, *_) in enumerate(problem.metadata["steps"]) if op == "/"), None)
+
+
+def trap_report(firsts: list[tuple[int | None, int | None]]) -> str:
+    """Where chains of trap problems fail, from ``(first wrong thought or None, trap step)``.
+
+    Per-step accuracies are conditional on a right prefix: a step is *reached* when every
+    thought before it is right, and passed when it is right too (``None``: the chain is correct).
+    """
+    rows = [(k, t) for k, t in firsts if t is not None]
+    failed = [(k, t) for k, t in rows if k is not None]
+
+    def reached_passed(k: int | None, j: int) -> tuple[bool, bool]:
+        return k is None or k >= j, k is None or k > j
+
+    reached_trap = [reached_passed(k, t) for k, t in rows if reached_passed(k, t)[0]]
+    passed_trap = sum(p for _, p in reached_trap)
+    before = [reached_passed(k, j) for k, t in rows for j in range(t) if reached_passed(k, j)[0]]
+    reached, passed = len(before), sum(p for _, p in before)
+    return (f"trap problems: {len(rows)} chains, {len(failed)} failed; first wrong step is the trap in "
+            f"{sum(k == t for k, t in failed) / max(len(failed), 1):.3f} of failed chains; right at the trap "
+            f"{passed_trap / max(len(reached_trap), 1):.3f} of {len(reached_trap)} reached, at each step before it "
+            f"{passed / max(reached, 1):.3f}")
+
+
 def logit_gradient_norms(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Norm of ``d log p(y_t) / d logits_t = onehot(y_t) - softmax_t`` per token.
 
@@ -81,17 +125,20 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2, help="chains sampled per problem (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="solution budget (default 160)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--task", action="append", default=[], metavar="KEY=VALUE",
+                   help="override the warm start's task option, e.g. --task trap=1 (the RL task of a trap preset)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     recipe = json.loads((Path(args.model) / "creditlab_recipe.json").read_text())
-    task = ArithTask(ArithTask.Config(**recipe["args"]["task"]))
+    task = ArithTask(ArithTask.Config(**{**recipe["args"]["task"], **task_overrides(args.task)}))
     delimiter = tok.encode(task.config.delimiter, add_special_tokens=False)
     problems = task.load("test")[: args.problems] * args.samples
 
     sums = {"tokens": [0.0, 0.0, 0.0], "gradient": [0.0, 0.0, 0.0]}
+    firsts: list[tuple[int | None, int | None]] = []  # (first wrong thought, trap step) per chain
     free_before = {"tokens": 0.0, "gradient": 0.0}  # the part of "before" on free words
     failed = chains = 0
     for i in range(0, len(problems), 64):
@@ -115,6 +162,7 @@ def main() -> None:
             response = response[:n]
             spans = merge_eos_tail(thought_spans(response, delimiter), response, tok.eos_token_id)
             k = pr.oracle(span_texts(tok, response, spans)) if spans else None
+            firsts.append((k if spans else 0, trap_step(pr)))
             if k is None:
                 continue
             failed += 1
@@ -132,6 +180,8 @@ def main() -> None:
         before, at, after = (s / max(failed, 1) for s in sums[key])
         print(f"{label:42s} before {before:.3f}   first wrong step {at:.3f}   after {after:.3f}"
               f"   (before, on free words {free_before[key] / max(failed, 1):.3f})")
+    if any(t is not None for _, t in firsts):
+        print(trap_report(firsts))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ OPS = "+-*"
 BOXED = "\\boxed{"
 # One step: "[<k>:]<lhs><op><operand>=<result>", the result possibly wrapped in \boxed{...}.
 _STEP_RE = re.compile(
-    r"^(?:(\d+)\s*:\s*)?(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$"
+    r"^(?:(\d+)\s*:\s*)?(-?\d+)\s*([+\-*/])\s*(-?\d+)\s*=\s*(?:\\boxed\{\s*(-?\d+)\s*\}|(-?\d+))$"
 )
 # An equation anywhere in a sentence (``render=words``): "<lhs> <op> <operand> = <result>", with
 # "×" or "x" allowed for "*".
@@ -46,14 +46,17 @@ _FREE_RE = re.compile(r"^(?:(?:" + "|".join(FREE_WORDS) + r") )*")
 
 
 def apply_op(value: int, op: str, operand: int) -> int:
-    """``value <op> operand`` for ``op`` in ``+-*``."""
+    """``value <op> operand`` for ``op`` in ``+-*/`` (``/``: the trap step's integer division,
+    drawn only where it is exact; floor division otherwise)."""
     if op == "+":
         return value + operand
     if op == "-":
         return value - operand
     if op == "*":
         return value * operand
-    raise ValueError(f"unknown operator {op!r}; expected one of '+-*'")
+    if op == "/":
+        return value // operand
+    raise ValueError(f"unknown operator {op!r}; expected one of '+-*/'")
 
 
 def split_thoughts(text: str, delimiter: str = "</thought>") -> list[str]:
@@ -207,6 +210,11 @@ class ArithTask(Task):
                 thought opens with this many words drawn uniformly from :data:`FREE_WORDS` (per
                 problem, from the seed), so a warm start taught on them stays unsure of tokens
                 that never decide the outcome; the step oracle accepts any of them. Symbolic only.
+            trap: Share of problems with one rare step (issue 29's second lever): an exact integer
+                division ``"/b"`` (``b`` in ``[2, max_operand]``, drawn among the divisors of the
+                nonzero running value) at a random position in the second half of the chain. A warm start
+                taught on a small share fails it systematically; ``trap=1`` puts one in every
+                problem. 0 leaves the problems exactly as without it. Symbolic only.
         """
 
         num_train: int = 2000
@@ -221,6 +229,7 @@ class ArithTask(Task):
         numbered: bool = False
         render: str = "symbolic"
         free_words: int = 0
+        trap: float = 0.0
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -237,6 +246,8 @@ class ArithTask(Task):
             raise ValueError(f"task.render must be one of {RENDERS}, got {c.render!r}")
         if c.free_words < 0 or (c.free_words and c.render != "symbolic"):
             raise ValueError(f"task.free_words must be >= 0 and used with task.render=symbolic, got {c.free_words}")
+        if not 0 <= c.trap <= 1 or (c.trap and c.render != "symbolic"):
+            raise ValueError(f"task.trap is a share in [0, 1] used with task.render=symbolic, got {c.trap}")
         if c.render == "words" and c.numbered:
             raise ValueError("task.numbered labels symbolic steps; use it with task.render=symbolic")
         self._cache: dict[str, list[Problem]] = {}
@@ -247,14 +258,17 @@ class ArithTask(Task):
         c = self.config
         value = rng.randint(1, c.max_operand)
         start, steps = value, []
-        for _ in range(rng.randint(c.min_steps, c.max_steps)):
+        n = rng.randint(c.min_steps, c.max_steps)
+        # The trap's draws come only with trap > 0, so trap = 0 leaves the stream (and problems) as before.
+        trap = rng.randint(n // 2, n - 1) if c.trap and rng.random() < c.trap else -1
+        for i in range(n):
             options = [
                 (op, b)
                 for op in c.ops
                 for b in range(1, c.max_operand + 1)
                 if 0 <= apply_op(value, op, b) <= c.max_value
-            ]
-            if not options:  # e.g. ops="+" at max_value
+            ] if i != trap else [("/", b) for b in range(2, c.max_operand + 1) if value and value % b == 0]
+            if not options:  # e.g. ops="+" at max_value, or a trap at 0 or a prime
                 return None
             op, b = rng.choice(options)
             value = apply_op(value, op, b)

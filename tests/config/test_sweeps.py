@@ -147,3 +147,23 @@ def test_free_words_sweep_places_every_method_at_each_knob_on_equal_budgets():
     assert knobs == {0, 2} and cells == set(itertools.product(knobs, methods, range(5)))
     assert all(len(b) == 1 for b in budgets.values()), f"unequal budgets within a knob setting: {budgets}"
     assert all(len(m) == 1 for m in models.values()), models
+
+
+def test_trap_sweep_places_every_method_on_the_trap_preset_on_equal_budgets():
+    """The second lever's grid: every method x 5 seeds on experiment=credit_trap, with one budget,
+    one warm start that saw the trap in only a small share of its problems, and a trap in every
+    RL and held-out problem."""
+    cells, budgets, models = set(), set(), set()
+    for job in sweep_jobs("trap"):
+        cfg = compose_sweep_job("trap", job)
+        checked = validate(cfg)
+        run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
+        cells.add((run.method, run.seed))
+        assert cfg.task.trap == 1 and (cfg.task.min_steps, cfg.task.max_steps) == (8, 8)
+        assert 0 < cfg.model.recipe_args.task.trap < 0.5, "the warm start must see the trap rarely"
+        budgets.add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size, rollout.max_new_tokens,
+                     loss.updates_per_batch, float(cfg.optim.lr), cfg.eval.problems, cfg.eval.every, cfg.eval.samples))
+        models.add(str(cfg.model.recipe_args))
+    methods = ["grpo", "srpo_oracle", "rrpo", "srpo", "vineppo", "oar_g", "ibpo", "rredcot"]
+    assert cells == set(itertools.product(methods, range(5)))
+    assert len(budgets) == 1 and len(models) == 1, (budgets, models)

@@ -514,3 +514,35 @@ def test_free_words_are_uniform_free_choices_the_oracle_ignores():
     assert parse_step("2:then 7+5=12", free=True) == (2, 7, "+", 5, 12)
     with pytest.raises(ValueError, match="free_words"):
         ArithTask(ArithTask.Config(free_words=1, render="words"))
+
+
+def test_trap_puts_one_exact_division_late_in_the_share_of_problems_asked():
+    """task.trap (issue 29's second lever): that share of problems carries one exact integer
+    division "/b" (b in [2, max_operand], nonzero running value) in the second half of the chain;
+    the gold chain passes the oracle, a wrong quotient is caught there, and trap = 0 is the
+    default task exactly (its cached warm starts keep their keys)."""
+    from creditlab_arith import model as recipe
+
+    task = ArithTask(ArithTask.Config(min_steps=8, max_steps=8, numbered=True, trap=1.0, num_train=300, num_test=50))
+    for p in task.load("train") + task.load("test"):
+        steps, values = p.metadata["steps"], p.metadata["values"]
+        traps = [i for i, (op, _, _) in enumerate(steps) if op == "/"]
+        assert len(traps) == 1 and 4 <= traps[0] <= 7, steps
+        t = traps[0]
+        _, b, result = steps[t]
+        assert 2 <= b <= 12 and values[t] > 0 and values[t] == b * result
+        assert f"{t + 1}:/{b}" in p.prompt and p.oracle(p.metadata["thoughts"]) is None
+        wrong = list(p.metadata["thoughts"])
+        wrong[t] = f"{t + 1}:{values[t]}/{b}={result + 1}"
+        assert p.oracle(wrong) == t
+    mixed = ArithTask(ArithTask.Config(trap=0.1, num_train=1000, num_test=0)).load("train")
+    share = sum(any(op == "/" for op, *_ in p.metadata["steps"]) for p in mixed) / len(mixed)
+    assert 0.06 < share < 0.14, share
+    plain = ArithTask(ArithTask.Config(num_train=200, num_test=50))
+    zero = ArithTask(ArithTask.Config(trap=0.0, num_train=200, num_test=50))
+    assert [p.prompt for p in plain.load("train")] == [p.prompt for p in zero.load("train")]
+    assert recipe.checkpoint_dir({}) == recipe.checkpoint_dir({"task": {"trap": 0.0}})
+    assert recipe.checkpoint_dir({}) != recipe.checkpoint_dir({"task": {"trap": 0.05}})
+    for bad in ({"trap": 1.5}, {"trap": -0.1}, {"trap": 0.5, "render": "words"}):
+        with pytest.raises(ValueError, match=r"task.trap is a share in \[0, 1\]"):
+            ArithTask(ArithTask.Config(**bad))

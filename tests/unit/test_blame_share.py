@@ -42,3 +42,18 @@ def test_free_word_mask_marks_the_words_that_open_a_thought(blame_share):
     mask = blame_share.free_word_mask(pieces, spans)
     assert "".join(c for c, f in zip(pieces, mask) if f) == "so ok then "
     assert blame_share.free_word_mask(list("1:9+4=13"), ((0, 8),)) == [False] * 8  # no free words
+
+
+def test_trap_report_by_hand(blame_share):
+    """Four chains with the trap at step 2 (0-based) and one without a trap (left out):
+    correct; wrong at the trap; wrong at step 0; wrong after the trap. The trap is reached by 3
+    chains and passed by 2; the steps before it are reached 7 times (2 + 2 + 1 + 2) and passed 6."""
+    firsts = [(None, 2), (2, 2), (0, 2), (3, 2), (1, None)]
+    report = blame_share.trap_report(firsts)
+    assert "4 chains, 3 failed" in report
+    assert "the trap in 0.333 of failed chains" in report
+    assert "right at the trap 0.667 of 3 reached" in report
+    assert "at each step before it 0.857" in report
+    assert blame_share.task_overrides(["trap=1", "numbered=true"]) == {"trap": 1, "numbered": True}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        blame_share.task_overrides(["trap"])
