@@ -1,0 +1,96 @@
+"""Two methods per problem at *exactly* equal budgets: the run with more of the budget counter is
+read between its evaluations, interpolated linearly to the other run's final total.
+
+    python sweeps/equal_tokens.py multirun/trap --method srpo_oracle --baseline grpo
+
+`creditlab compare --at-equal` compares each run at its last evaluation *within* the smaller
+final total, which with evaluations every 20 steps can hand the cheaper method up to one
+evaluation interval of extra budget (docs/methods/positive_control.md: 20% more trained tokens
+for the oracle on `experiment=credit_trap`). Here the budget B is the smaller run's final total;
+that run is read at its last evaluation, and the other run's per-problem outcomes at B are
+interpolated between its two evaluations around B (sampled accuracy: correct / samples; greedy:
+0/1 read as a probability). Runs are ``<dir>/<method>-seed<s>``; seeds both methods finished are
+paired. Printed: the mean difference per problem with the crossed bootstrap over seeds and
+problems, each seed's mean, and the exact sign-flip test over seeds (creditlab.significance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from creditlab.problem_records import outcomes, read_records
+from creditlab.significance import crossed_bootstrap, paired_test
+
+
+def totals(run: Path, key: str) -> dict[int, float]:
+    """``step -> key`` (a cumulative counter) from a run's metrics.jsonl; 0 at step 0."""
+    out = {0: 0.0}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if key in row:
+            out[int(row["step"])] = float(row[key])
+    return out
+
+
+def at_budget(records: dict[int, dict], spent: dict[int, float], budget: float, metric: str) -> dict[str, float]:
+    """Per-problem outcomes at ``budget``: linear between the evaluations around it (the last one
+    when the run never spent more). ``records``: step -> eval_problems record; ``spent``: step ->
+    cumulative budget."""
+    steps = sorted(s for s in records if s in spent)
+    low = max((s for s in steps if spent[s] <= budget), default=None)
+    if low is None:
+        raise SystemExit(f"no evaluation within the budget {budget:g}")
+    high = min((s for s in steps if spent[s] > budget), default=None)
+    a = outcomes(records[low], metric)
+    if high is None:
+        return a
+    b = outcomes(records[high], metric)
+    w = (budget - spent[low]) / (spent[high] - spent[low])
+    return {i: (1 - w) * a[i] + w * b[i] for i in a}
+
+
+def pair(method_run: Path, base_run: Path, key: str, metric: str) -> tuple[np.ndarray, float]:
+    """Per-problem differences (method − baseline) at the smaller final total, and that total."""
+    runs = [(read_records(r), totals(r, key)) for r in (method_run, base_run)]
+    finals = [max(spent.values()) for _, spent in runs]
+    budget = min(finals)
+    got = [at_budget(rec, spent, budget, metric) for rec, spent in runs]
+    ids = sorted(got[0])
+    return np.array([got[0][i] - got[1][i] for i in ids]), budget
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="a sweep directory holding <method>-seed<s> runs")
+    p.add_argument("--method", required=True)
+    p.add_argument("--baseline", default="grpo")
+    p.add_argument("--key", default="tokens/trained", help="the cumulative budget (default tokens/trained)")
+    p.add_argument("--metric", default="eval/sample_accuracy", choices=["eval/sample_accuracy", "eval/pass@1"])
+    args = p.parse_args()
+    root = Path(args.dir)
+    seeds = sorted(int(m.group(1)) for d in root.glob(f"{args.method}-seed*")
+                   if (m := re.fullmatch(rf"{re.escape(args.method)}-seed(\d+)", d.name))
+                   and (root / f"{args.baseline}-seed{m.group(1)}").is_dir())
+    if len(seeds) < 2:
+        raise SystemExit(f"need >= 2 seeds with both {args.method} and {args.baseline} runs in {root}, found {seeds}")
+    rows, budgets = [], []
+    for s in seeds:
+        d, budget = pair(root / f"{args.method}-seed{s}", root / f"{args.baseline}-seed{s}", args.key, args.metric)
+        rows.append(d)
+        budgets.append(budget)
+    test = crossed_bootstrap(np.array(rows))
+    seed_level = paired_test([r.mean() for r in rows], [0.0] * len(rows))
+    print(f"{args.method} - {args.baseline}, {args.metric} at equal {args.key} "
+          f"({min(budgets):,.0f}-{max(budgets):,.0f}), {len(seeds)} seeds x {len(rows[0])} problems")
+    print(f"  per problem: {test.diff:+.4f}  95% crossed bootstrap [{test.low:+.4f}, {test.high:+.4f}]  p = {test.p_value:.4f}")
+    print(f"  per seed: {' '.join(f'{r.mean():+.4f}' for r in rows)}  (seeds {seeds})")
+    print(f"  seed level: p = {seed_level.p_value:.4f} ({seed_level.description})")
+
+
+if __name__ == "__main__":
+    main()

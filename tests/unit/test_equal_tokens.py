@@ -1,0 +1,47 @@
+"""sweeps/equal_tokens.py: per-problem outcomes interpolated to an exactly equal budget, by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "sweeps" / "equal_tokens.py"
+
+
+@pytest.fixture(scope="module")
+def equal_tokens():
+    spec = importlib.util.spec_from_file_location("equal_tokens", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(path: Path, tokens: dict[int, float], evals: dict[int, list[int]]) -> Path:
+    path.mkdir()
+    (path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "tokens/trained": t}) + "\n" for s, t in tokens.items()))
+    (path / "eval_problems.jsonl").write_text("".join(
+        json.dumps({"step": s, "samples": 4, "ids": ["p1", "p2"], "greedy": [c >= 2 for c in correct], "correct": correct}) + "\n"
+        for s, correct in evals.items()))
+    return path
+
+
+def test_the_richer_run_is_read_between_its_evaluations(equal_tokens, tmp_path):
+    """Method: 200 tokens at its last evaluation (step 20, p1 3/4, p2 1/4). Baseline: 150 tokens at
+    step 10 (2/4, 0/4) and 300 at step 20 (4/4, 3/4), so at 200 it is a third of the way:
+    p1 0.5 + 0.5/3 = 0.6667, p2 0.75/3 = 0.25; differences +0.0833 and 0."""
+    method = _run(tmp_path / "m", {10: 100, 20: 200}, {0: [0, 0], 20: [3, 1]})
+    base = _run(tmp_path / "b", {10: 150, 20: 300}, {0: [0, 0], 10: [2, 0], 20: [4, 3]})
+    diff, budget = equal_tokens.pair(method, base, "tokens/trained", "eval/sample_accuracy")
+    assert budget == 200
+    assert diff == pytest.approx([0.75 - (0.5 + 0.5 / 3), 0.25 - 0.25])
+    # Swapped roles: the same budget, the opposite sign.
+    back, _ = equal_tokens.pair(base, method, "tokens/trained", "eval/sample_accuracy")
+    assert back == pytest.approx(-diff)
+    # A budget at or past the last evaluation reads that evaluation; none within it is an error.
+    records = {0: {"step": 0, "samples": 4, "ids": ["p1"], "greedy": [0], "correct": [1]}}
+    assert equal_tokens.at_budget(records, {0: 0.0}, 50.0, "eval/sample_accuracy") == {"p1": 0.25}
+    with pytest.raises(SystemExit, match="no evaluation within the budget"):
+        equal_tokens.at_budget({5: records[0]}, {5: 10.0}, 5.0, "eval/sample_accuracy")
