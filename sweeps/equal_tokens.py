@@ -2,6 +2,7 @@
 read between its evaluations, interpolated linearly to the other run's final total.
 
     python sweeps/equal_tokens.py multirun/trap --method srpo_oracle --baseline grpo
+    python sweeps/equal_tokens.py multirun/trap          # every method in the sweep against grpo
 
 `creditlab compare --at-equal` compares each run at its last evaluation *within* the smaller
 final total, which with evaluations every 20 steps can hand the cheaper method up to one
@@ -64,32 +65,49 @@ def pair(method_run: Path, base_run: Path, key: str, metric: str) -> tuple[np.nd
     return np.array([got[0][i] - got[1][i] for i in ids]), budget
 
 
+def methods_in(root: Path, baseline: str) -> list[str]:
+    """Every method with a ``<method>-seed<s>`` run under ``root``, the baseline left out."""
+    found = {m.group(1) for d in root.iterdir() if (m := re.fullmatch(r"(.+)-seed\d+", d.name))}
+    return sorted(found - {baseline})
+
+
+def report(root: Path, method: str, baseline: str, key: str, metric: str) -> str:
+    """The printed test of one method against the baseline over the seeds both finished."""
+    seeds = sorted(int(m.group(1)) for d in root.glob(f"{method}-seed*")
+                   if (m := re.fullmatch(rf"{re.escape(method)}-seed(\d+)", d.name))
+                   and (root / f"{baseline}-seed{m.group(1)}").is_dir())
+    if len(seeds) < 2:
+        raise SystemExit(f"need >= 2 seeds with both {method} and {baseline} runs in {root}, found {seeds}")
+    rows, budgets = [], []
+    for s in seeds:
+        d, budget = pair(root / f"{method}-seed{s}", root / f"{baseline}-seed{s}", key, metric)
+        rows.append(d)
+        budgets.append(budget)
+    test = crossed_bootstrap(np.array(rows))
+    seed_level = paired_test([r.mean() for r in rows], [0.0] * len(rows))
+    return "\n".join([
+        f"{method} - {baseline}, {metric} at equal {key} "
+        f"({min(budgets):,.0f}-{max(budgets):,.0f}), {len(seeds)} seeds x {len(rows[0])} problems",
+        f"  per problem: {test.diff:+.4f}  95% crossed bootstrap [{test.low:+.4f}, {test.high:+.4f}]  p = {test.p_value:.4f}",
+        f"  per seed: {' '.join(f'{r.mean():+.4f}' for r in rows)}  (seeds {seeds})",
+        f"  seed level: p = {seed_level.p_value:.4f} ({seed_level.description})",
+    ])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="a sweep directory holding <method>-seed<s> runs")
-    p.add_argument("--method", required=True)
+    p.add_argument("--method", help="one method or a comma-separated list (default: every method in dir)")
     p.add_argument("--baseline", default="grpo")
     p.add_argument("--key", default="tokens/trained", help="the cumulative budget (default tokens/trained)")
     p.add_argument("--metric", default="eval/sample_accuracy", choices=["eval/sample_accuracy", "eval/pass@1"])
     args = p.parse_args()
     root = Path(args.dir)
-    seeds = sorted(int(m.group(1)) for d in root.glob(f"{args.method}-seed*")
-                   if (m := re.fullmatch(rf"{re.escape(args.method)}-seed(\d+)", d.name))
-                   and (root / f"{args.baseline}-seed{m.group(1)}").is_dir())
-    if len(seeds) < 2:
-        raise SystemExit(f"need >= 2 seeds with both {args.method} and {args.baseline} runs in {root}, found {seeds}")
-    rows, budgets = [], []
-    for s in seeds:
-        d, budget = pair(root / f"{args.method}-seed{s}", root / f"{args.baseline}-seed{s}", args.key, args.metric)
-        rows.append(d)
-        budgets.append(budget)
-    test = crossed_bootstrap(np.array(rows))
-    seed_level = paired_test([r.mean() for r in rows], [0.0] * len(rows))
-    print(f"{args.method} - {args.baseline}, {args.metric} at equal {args.key} "
-          f"({min(budgets):,.0f}-{max(budgets):,.0f}), {len(seeds)} seeds x {len(rows[0])} problems")
-    print(f"  per problem: {test.diff:+.4f}  95% crossed bootstrap [{test.low:+.4f}, {test.high:+.4f}]  p = {test.p_value:.4f}")
-    print(f"  per seed: {' '.join(f'{r.mean():+.4f}' for r in rows)}  (seeds {seeds})")
-    print(f"  seed level: p = {seed_level.p_value:.4f} ({seed_level.description})")
+    if not root.is_dir():
+        raise SystemExit(f"no sweep directory {root}: pass the folder holding <method>-seed<s> runs")
+    methods = args.method.split(",") if args.method else methods_in(root, args.baseline)
+    for method in methods:
+        print(report(root, method, args.baseline, args.key, args.metric))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,19 @@ def test_the_richer_run_is_read_between_its_evaluations(equal_tokens, tmp_path):
     assert equal_tokens.at_budget(records, {0: 0.0}, 50.0, "eval/sample_accuracy") == {"p1": 0.25}
     with pytest.raises(SystemExit, match="no evaluation within the budget"):
         equal_tokens.at_budget({5: records[0]}, {5: 10.0}, 5.0, "eval/sample_accuracy")
+
+
+def test_every_method_in_the_sweep_is_reported_against_the_baseline(equal_tokens, tmp_path):
+    """Without --method every ``<method>-seed<s>`` run but the baseline's is tested; a method
+    with fewer than two seeds paired with the baseline is an error naming what was found."""
+    for s in (0, 1):
+        _run(tmp_path / f"grpo-seed{s}", {10: 100, 20: 200}, {0: [0, 0], 20: [2, 2]})
+        _run(tmp_path / f"oracle-seed{s}", {10: 100, 20: 200}, {0: [0, 0], 20: [3, 2 + s]})
+    _run(tmp_path / "rrpo-seed0", {10: 100, 20: 200}, {0: [0, 0], 20: [2, 2]})
+    (tmp_path / "multirun.yaml").write_text("")
+    assert equal_tokens.methods_in(tmp_path, "grpo") == ["oracle", "rrpo"]
+    text = equal_tokens.report(tmp_path, "oracle", "grpo", "tokens/trained", "eval/sample_accuracy")
+    # Per problem: seed 0 (+0.25, 0), seed 1 (+0.25, +0.25): mean +0.1875 over 2 seeds x 2 problems.
+    assert "2 seeds x 2 problems" in text and "per problem: +0.1875" in text
+    with pytest.raises(SystemExit, match=r"need >= 2 seeds with both rrpo and grpo.*found \[0\]"):
+        equal_tokens.report(tmp_path, "rrpo", "grpo", "tokens/trained", "eval/sample_accuracy")
