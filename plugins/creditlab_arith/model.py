@@ -109,7 +109,7 @@ def merge_args(recipe: str, defaults: Mapping[str, Any], args: Mapping[str, Any]
 
 #: Task options added after recipes' cache keys were first written, with their defaults: left out
 #: of a resolved task config at their default, so that existing cached checkpoints keep their keys.
-_LATER_TASK_FIELDS = {"render": "symbolic", "free_words": 0, "trap": 0.0}
+_LATER_TASK_FIELDS = {"render": "symbolic", "free_words": 0, "trap": 0.0, "trap_at": 0}
 
 
 def check_task_and_stop(recipe: str, out: dict[str, Any]) -> None:

@@ -215,6 +215,8 @@ class ArithTask(Task):
                 nonzero running value) at a random position in the second half of the chain. A warm start
                 taught on a small share fails it systematically; ``trap=1`` puts one in every
                 problem. 0 leaves the problems exactly as without it. Symbolic only.
+            trap_at: The trap's step (1-based, at most ``min_steps``; e.g. ``max_steps`` for the
+                last step of fixed-length chains); 0 draws it in the second half of each chain.
         """
 
         num_train: int = 2000
@@ -230,6 +232,7 @@ class ArithTask(Task):
         render: str = "symbolic"
         free_words: int = 0
         trap: float = 0.0
+        trap_at: int = 0
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -248,6 +251,9 @@ class ArithTask(Task):
             raise ValueError(f"task.free_words must be >= 0 and used with task.render=symbolic, got {c.free_words}")
         if not 0 <= c.trap <= 1 or (c.trap and c.render != "symbolic"):
             raise ValueError(f"task.trap is a share in [0, 1] used with task.render=symbolic, got {c.trap}")
+        if not 0 <= c.trap_at <= c.min_steps:
+            raise ValueError(f"task.trap_at is the trap's step, 1 to min_steps ({c.min_steps}), or 0 to draw it "
+                             f"in the second half of the chain; got {c.trap_at}")
         if c.render == "words" and c.numbered:
             raise ValueError("task.numbered labels symbolic steps; use it with task.render=symbolic")
         self._cache: dict[str, list[Problem]] = {}
@@ -260,7 +266,9 @@ class ArithTask(Task):
         start, steps = value, []
         n = rng.randint(c.min_steps, c.max_steps)
         # The trap's draws come only with trap > 0, so trap = 0 leaves the stream (and problems) as before.
-        trap = rng.randint(n // 2, n - 1) if c.trap and rng.random() < c.trap else -1
+        trap = -1
+        if c.trap and rng.random() < c.trap:
+            trap = c.trap_at - 1 if c.trap_at else rng.randint(n // 2, n - 1)
         for i in range(n):
             options = [
                 (op, b)

@@ -546,3 +546,21 @@ def test_trap_puts_one_exact_division_late_in_the_share_of_problems_asked():
     for bad in ({"trap": 1.5}, {"trap": -0.1}, {"trap": 0.5, "render": "words"}):
         with pytest.raises(ValueError, match=r"task.trap is a share in \[0, 1\]"):
             ArithTask(ArithTask.Config(**bad))
+
+
+def test_trap_at_puts_the_trap_on_the_step_asked():
+    """task.trap_at = k puts every trap on step k (here the last of 8); 0 (the default) keeps the
+    problems of the second-half draw exactly, and the cached warm starts' keys; a step past
+    min_steps is refused, naming the valid range."""
+    from creditlab_arith import model as recipe
+
+    last = ArithTask(ArithTask.Config(min_steps=8, max_steps=8, numbered=True, trap=1.0, trap_at=8, num_train=200, num_test=50))
+    for p in last.load("train") + last.load("test"):
+        assert [op == "/" for op, *_ in p.metadata["steps"]] == [False] * 7 + [True], p.metadata["steps"]
+        assert p.oracle(p.metadata["thoughts"]) is None
+    late = dict(min_steps=8, max_steps=8, numbered=True, trap=1.0, num_train=200, num_test=50)
+    assert ([p.prompt for p in ArithTask(ArithTask.Config(**late)).load("train")]
+            == [p.prompt for p in ArithTask(ArithTask.Config(**late, trap_at=0)).load("train")])
+    assert recipe.checkpoint_dir({"task": {"trap": 0.15}}) == recipe.checkpoint_dir({"task": {"trap": 0.15, "trap_at": 0}})
+    with pytest.raises(ValueError, match=r"task.trap_at is the trap's step, 1 to min_steps \(8\)"):
+        ArithTask(ArithTask.Config(min_steps=8, max_steps=8, trap=1.0, trap_at=9))
