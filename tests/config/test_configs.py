@@ -78,6 +78,19 @@ def test_every_registered_builtin_has_a_yaml():
                 assert (CONF_DIR / kind / f"{name}.yaml").exists(), f"conf/{kind}/{name}.yaml missing"
 
 
+
+def test_the_embedded_task_yaml_exposes_every_option():
+    """conf/task/arith.yaml lists every ArithTask.Config field, so each is a plain override
+    (``task.trap_at=8``) rather than an 'unknown config key' error at a sweep's start."""
+    import dataclasses
+
+    import yaml
+
+    listed = set(yaml.safe_load((CONF_DIR / "task" / "arith.yaml").read_text()))
+    fields = {f.name for f in dataclasses.fields(REGISTRIES["task"].get("arith").Config)}
+    assert fields <= listed, f"conf/task/arith.yaml lacks {sorted(fields - listed)}"
+
+
 SWEEPS = sorted(p.stem for p in (CONF_DIR.parent / "sweeps").glob("*.yaml"))
 
 
