@@ -167,3 +167,16 @@ def test_trap_sweep_places_every_method_on_the_trap_preset_on_equal_budgets():
     methods = ["grpo", "srpo_oracle", "rrpo", "srpo", "vineppo", "oar_g", "ibpo", "rredcot"]
     assert cells == set(itertools.product(methods, range(5)))
     assert len(budgets) == 1 and len(models) == 1, (budgets, models)
+
+
+def test_trap_last_is_the_trap_sweep_with_every_trap_on_the_last_step():
+    """experiment=credit_trap_last over the trap sweep: the same jobs, budgets and warm start as
+    credit_trap's (its cache key unchanged), every trap on step 8 of 8."""
+    for job in sweep_jobs("trap"):
+        base = compose_sweep_job("trap", job)
+        last = compose_sweep_job("trap", [o.replace("experiment=credit_trap", "experiment=credit_trap_last") for o in job])
+        assert (last.task.trap, last.task.trap_at, base.task.trap_at) == (1, 8, 0)
+        for key in ("trainer", "rollout", "loss", "optim", "eval", "method", "seed", "prompts_per_step"):
+            assert last[key] == base[key], key
+        assert last.model == base.model
+        assert {k: v for k, v in last.task.items() if k != "trap_at"} == {k: v for k, v in base.task.items() if k != "trap_at"}
