@@ -78,7 +78,6 @@ def test_every_registered_builtin_has_a_yaml():
                 assert (CONF_DIR / kind / f"{name}.yaml").exists(), f"conf/{kind}/{name}.yaml missing"
 
 
-
 def test_the_embedded_task_yaml_exposes_every_option():
     """conf/task/arith.yaml lists every ArithTask.Config field, so each is a plain override
     (``task.trap_at=8``) rather than an 'unknown config key' error at a sweep's start."""
