@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from creditlab import (
     STD_OPTIONS,
     AdvantageEstimator,
@@ -71,10 +72,13 @@ class GRPOAdvantage(AdvantageEstimator):
             ``groups``, ``zero_std_groups``, ``singleton_groups`` and ``abs_mean`` (mean |A_i|
             over rows).
         """
+        return self.from_rewards(batch, batch.rewards)
+
+    def from_rewards(self, batch: RolloutBatch, rewards: torch.Tensor) -> Advantages:
+        """GRPO's advantages of ``batch`` with ``rewards`` (B,) in place of ``batch.rewards`` (a
+        control that changes the rewards, e.g. ``reward_flip``, reuses the group statistics)."""
         cfg = self.config
-        adv, metrics = group_advantages(
-            batch.rewards, batch.group_ids, cfg.std, cfg.eps, cfg.zero_std_tol
-        )
+        adv, metrics = group_advantages(rewards, batch.group_ids, cfg.std, cfg.eps, cfg.zero_std_tol)
         adv = adv.to(batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else adv.dtype)
         metrics["abs_mean"] = Mean(float(adv.abs().mean()) if adv.numel() else 0.0)
         return Advantages(values=broadcast(adv, batch.loss_mask), metrics=metrics)

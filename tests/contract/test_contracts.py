@@ -99,5 +99,9 @@ def test_contract(kind, name, monkeypatch):
                 part = cls(config, rollout=RolloutConfig(group_size=8), tokenizer=ctx.tokenizer,
                            reset_selector=selector)
                 check_part(kind, part, problems=problems)
+    elif kind == "advantage" and cls.__module__ == "creditlab_controls.advantage" and name != "reward_flip":
+        batch, ctx = _reset_inputs()  # the credit controls read the step oracle's thoughts
+        problems = list({t.problem.id: t.problem for t in batch.trajectories}.values())
+        check_part(kind, cls(), problems=problems, tokenizer=ctx.tokenizer)
     else:
         check_part(kind, cls())

@@ -68,19 +68,25 @@ def check_common(kind: str, part: Part) -> None:
         assert isinstance(key, str) and math.isfinite(float(value)), f"bad metric {key}={value!r}"
 
 
-def check_advantage(estimator: AdvantageEstimator, ctx: Any = None, seeds: Sequence[int] = (0, 1, 2)) -> None:
-    """(B, T) shape, finite, zero on masked positions, deterministic, padding-invariant."""
+def check_advantage(estimator: AdvantageEstimator, ctx: Any = None, seeds: Sequence[int] = (0, 1, 2),
+                    problems: Sequence[Problem] | None = None, tokenizer: Any = None) -> None:
+    """(B, T) shape, finite, zero on masked positions, deterministic, padding-invariant.
+
+    ``problems`` (one per group of the batch: 3) and ``tokenizer`` (of the default fake policy
+    handle, seeded per check) are for estimators that read a step oracle or decode thoughts."""
     for seed in seeds:
-        batch = make_batch(groups=3, group_size=4, seed=seed, trainable_from=[0, 2, 0, 1] * 3)
-        out = estimator.estimate(batch, ctx or FakePolicyHandle(seed=seed))
+        batch = make_batch(groups=3, group_size=4, seed=seed, trainable_from=[0, 2, 0, 1] * 3,
+                           vocab=len(tokenizer) if tokenizer is not None else 32, problems=problems)
+        handle = lambda: ctx or FakePolicyHandle(seed=seed, tokenizer=tokenizer)  # noqa: B023, E731
+        out = estimator.estimate(batch, handle())
         assert isinstance(out, Advantages), "estimate() must return Advantages"
         values = out.values
         assert values.shape == batch.loss_mask.shape, f"shape {tuple(values.shape)} != {tuple(batch.loss_mask.shape)}"
         assert torch.isfinite(values).all(), "advantages must be finite"
         assert (values[batch.loss_mask == 0] == 0).all(), "advantages must be 0 where loss_mask is 0"
-        again = estimator.estimate(batch, ctx or FakePolicyHandle(seed=seed)).values
+        again = estimator.estimate(batch, handle()).values
         assert torch.equal(values, again), "estimate() must be deterministic for the same batch and rng"
-        padded = estimator.estimate(pad_batch(batch, 5), ctx or FakePolicyHandle(seed=seed)).values
+        padded = estimator.estimate(pad_batch(batch, 5), handle()).values
         assert torch.allclose(padded[:, : values.shape[1]], values, atol=1e-5), "extra padding changed advantages"
         assert (padded[:, values.shape[1]:] == 0).all()
         for key, value in out.metrics.items():
