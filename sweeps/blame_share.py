@@ -16,7 +16,10 @@ already lands on the slip, and the oracle reset's exact credit has little left t
 On a trap preset (``task.trap``, docs/methods/positive_control.md) score the RL task, not the warm
 start's own mix: ``--task trap=1``. It then also reports where chains of trap problems fail: how
 often the first wrong step is the trap, and the accuracy at the trap and at each step before it,
-each given a right prefix.
+each given a right prefix. With several traps per problem (``task.traps``, issue 38's regime
+``experiment=credit_multi``) it gives the accuracy at each trap in order, and the share of GRPO's
+push that lands on *right trap steps* before the first wrong one: blame on right but uncertain,
+outcome-relevant steps, which a credit oracle spares and GRPO pushes toward a wrong quotient.
 """
 
 from __future__ import annotations
@@ -78,9 +81,35 @@ def task_overrides(pairs: list[str]) -> dict:
     return out
 
 
+def trap_steps(problem) -> tuple[int, ...]:
+    """0-based indices of ``problem``'s trap steps (its exact divisions, ``task.trap``/``traps``)."""
+    return tuple(i for i, (op, *_) in enumerate(problem.metadata["steps"]) if op == "/")
+
+
 def trap_step(problem) -> int | None:
-    """0-based index of ``problem``'s trap step (its exact division, ``task.trap``), or None."""
-    return next((i for i, (op, *_) in enumerate(problem.metadata["steps"]) if op == "/"), None)
+    """0-based index of ``problem``'s first trap step, or None."""
+    return next(iter(trap_steps(problem)), None)
+
+
+def traps_report(rows: list[tuple[int | None, tuple[int, ...]]]) -> str:
+    """Where chains of problems with several traps (``task.traps``) fail, from ``(first wrong
+    thought or None, trap steps)`` per chain: the accuracy at each trap in order and at the other
+    steps, each given a right prefix (as :func:`trap_report`), and how often the first wrong step
+    is a trap."""
+    rows = [(k, t) for k, t in rows if t]
+    failed = [(k, t) for k, t in rows if k is not None]
+    reached = lambda k, j: k is None or k >= j  # noqa: E731
+    passed = lambda k, j: k is None or k > j  # noqa: E731
+    width = max(len(t) for _, t in rows)
+    per_trap = []
+    for i in range(width):
+        hits = [passed(k, t[i]) for k, t in rows if i < len(t) and reached(k, t[i])]
+        per_trap.append(f"{sum(hits) / max(len(hits), 1):.3f} of {len(hits)}")
+    other = [passed(k, j) for k, t in rows for j in range(max(t) + 1) if j not in t and reached(k, j)]
+    return (f"trap problems: {len(rows)} chains, {len(failed)} failed; first wrong step is a trap in "
+            f"{sum(k in t for k, t in failed) / max(len(failed), 1):.3f} of failed chains; right at trap 1, 2, ... "
+            f"(given a right prefix): {', '.join(per_trap)}; at the other steps up to the last trap "
+            f"{sum(other) / max(len(other), 1):.3f}")
 
 
 def trap_report(firsts: list[tuple[int | None, int | None]]) -> str:
@@ -138,8 +167,9 @@ def main() -> None:
     problems = task.load("test")[: args.problems] * args.samples
 
     sums = {"tokens": [0.0, 0.0, 0.0], "gradient": [0.0, 0.0, 0.0]}
-    firsts: list[tuple[int | None, int | None]] = []  # (first wrong thought, trap step) per chain
+    firsts: list[tuple[int | None, tuple[int, ...]]] = []  # (first wrong thought, trap steps) per chain
     free_before = {"tokens": 0.0, "gradient": 0.0}  # the part of "before" on free words
+    on_right_traps = {"tokens": 0.0, "gradient": 0.0}  # the part of "before" on right trap steps
     failed = chains = 0
     for i in range(0, len(problems), 64):
         batch = problems[i : i + 64]
@@ -162,7 +192,7 @@ def main() -> None:
             response = response[:n]
             spans = merge_eos_tail(thought_spans(response, delimiter), response, tok.eos_token_id)
             k = pr.oracle(span_texts(tok, response, spans)) if spans else None
-            firsts.append((k if spans else 0, trap_step(pr)))
+            firsts.append((k if spans else 0, trap_steps(pr)))
             if k is None:
                 continue
             failed += 1
@@ -175,13 +205,18 @@ def main() -> None:
                     sums[key][j] += share
                 before_free = sum(w for w, f in zip(weights[: spans[k][0]], free) if f)
                 free_before[key] += before_free / (sum(weights) or 1.0)  # the spans partition the response
+                right_traps = sum(sum(weights[a:b]) for j, (a, b) in enumerate(spans[:k]) if j in trap_steps(pr))
+                on_right_traps[key] += right_traps / (sum(weights) or 1.0)
     print(f"{failed} failed of {chains} sampled chains (T = 1), {task.config.min_steps}-{task.config.max_steps} steps")
     for key, label in (("tokens", "share of tokens (GRPO's advantage mass)"), ("gradient", "share of GRPO's logit gradient")):
         before, at, after = (s / max(failed, 1) for s in sums[key])
         print(f"{label:42s} before {before:.3f}   first wrong step {at:.3f}   after {after:.3f}"
-              f"   (before, on free words {free_before[key] / max(failed, 1):.3f})")
-    if any(t is not None for _, t in firsts):
-        print(trap_report(firsts))
+              f"   (before, on free words {free_before[key] / max(failed, 1):.3f}, "
+              f"on right trap steps {on_right_traps[key] / max(failed, 1):.3f})")
+    if any(len(t) > 1 for _, t in firsts):
+        print(traps_report(firsts))
+    elif any(t for _, t in firsts):
+        print(trap_report([(k, t[0] if t else None) for k, t in firsts]))
 
 
 if __name__ == "__main__":

@@ -217,6 +217,11 @@ class ArithTask(Task):
                 problem. 0 leaves the problems exactly as without it. Symbolic only.
             trap_at: The trap's step (1-based, at most ``min_steps``; e.g. ``max_steps`` for the
                 last step of fixed-length chains); 0 draws it in the second half of each chain.
+            traps: Trap steps in a problem that has traps (issue 38's regime where credit alone
+                must matter: several independent uncertain steps, so that a later slip blames an
+                earlier right-but-unsure one). 1 (the default) is the single trap above; from 2 on
+                they sit at distinct steps drawn uniformly over the whole chain (``trap_at`` must
+                then be 0). At most ``min_steps``.
         """
 
         num_train: int = 2000
@@ -233,6 +238,7 @@ class ArithTask(Task):
         free_words: int = 0
         trap: float = 0.0
         trap_at: int = 0
+        traps: int = 1
 
     def __init__(self, config: Any | None = None) -> None:
         super().__init__(config)
@@ -254,6 +260,9 @@ class ArithTask(Task):
         if not 0 <= c.trap_at <= c.min_steps:
             raise ValueError(f"task.trap_at is the trap's step, 1 to min_steps ({c.min_steps}), or 0 to draw it "
                              f"in the second half of the chain; got {c.trap_at}")
+        if not 1 <= c.traps <= c.min_steps or (c.traps > 1 and c.trap_at):
+            raise ValueError(f"task.traps is the number of trap steps, 1 to min_steps ({c.min_steps}), and above 1 "
+                             f"needs task.trap_at=0 (the steps are drawn); got traps={c.traps}, trap_at={c.trap_at}")
         if c.render == "words" and c.numbered:
             raise ValueError("task.numbered labels symbolic steps; use it with task.render=symbolic")
         self._cache: dict[str, list[Problem]] = {}
@@ -266,16 +275,19 @@ class ArithTask(Task):
         start, steps = value, []
         n = rng.randint(c.min_steps, c.max_steps)
         # The trap's draws come only with trap > 0, so trap = 0 leaves the stream (and problems) as before.
-        trap = -1
+        traps: set[int] = set()
         if c.trap and rng.random() < c.trap:
-            trap = c.trap_at - 1 if c.trap_at else rng.randint(n // 2, n - 1)
+            if c.traps > 1:
+                traps = set(rng.sample(range(n), c.traps))
+            else:
+                traps = {c.trap_at - 1 if c.trap_at else rng.randint(n // 2, n - 1)}
         for i in range(n):
             options = [
                 (op, b)
                 for op in c.ops
                 for b in range(1, c.max_operand + 1)
                 if 0 <= apply_op(value, op, b) <= c.max_value
-            ] if i != trap else [("/", b) for b in range(2, c.max_operand + 1) if value and value % b == 0]
+            ] if i not in traps else [("/", b) for b in range(2, c.max_operand + 1) if value and value % b == 0]
             if not options:  # e.g. ops="+" at max_value, or a trap at 0 or a prime
                 return None
             op, b = rng.choice(options)

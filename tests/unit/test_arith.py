@@ -564,3 +564,34 @@ def test_trap_at_puts_the_trap_on_the_step_asked():
     assert recipe.checkpoint_dir({"task": {"trap": 0.15}}) == recipe.checkpoint_dir({"task": {"trap": 0.15, "trap_at": 0}})
     with pytest.raises(ValueError, match=r"task.trap_at is the trap's step, 1 to min_steps \(8\)"):
         ArithTask(ArithTask.Config(min_steps=8, max_steps=8, trap=1.0, trap_at=9))
+
+
+def test_traps_puts_several_exact_divisions_at_distinct_steps():
+    """task.traps = 3 (issue 38's regime): every trap problem carries three exact divisions at
+    distinct steps drawn over the whole chain, each checked by the oracle; traps = 1 keeps the
+    single-trap problems exactly, and the cached warm starts' keys; bad values are refused."""
+    from creditlab_arith import model as recipe
+
+    base = dict(min_steps=8, max_steps=8, numbered=True, trap=1.0, num_train=300, num_test=50)
+    task = ArithTask(ArithTask.Config(**base, traps=3))
+    positions = set()
+    for p in task.load("train") + task.load("test"):
+        steps, values = p.metadata["steps"], p.metadata["values"]
+        traps = [i for i, (op, _, _) in enumerate(steps) if op == "/"]
+        assert len(traps) == 3, steps
+        positions.update(traps)
+        assert p.oracle(p.metadata["thoughts"]) is None
+        for t in traps:
+            _, b, result = steps[t]
+            assert 2 <= b <= 12 and values[t] > 0 and values[t] == b * result
+            wrong = list(p.metadata["thoughts"])
+            wrong[t] = f"{t + 1}:{values[t]}/{b}={result + 1}"
+            assert p.oracle(wrong) == t
+    assert positions == set(range(8))  # over the whole chain
+    assert ([p.prompt for p in ArithTask(ArithTask.Config(**base)).load("train")]
+            == [p.prompt for p in ArithTask(ArithTask.Config(**base, traps=1)).load("train")])
+    assert recipe.checkpoint_dir({"task": {"trap": 0.15}}) == recipe.checkpoint_dir({"task": {"trap": 0.15, "traps": 1}})
+    assert recipe.checkpoint_dir({"task": {"trap": 0.15}}) != recipe.checkpoint_dir({"task": {"trap": 0.15, "traps": 2}})
+    for bad in ({"traps": 0}, {"traps": 9}, {"traps": 2, "trap_at": 3}):
+        with pytest.raises(ValueError, match="task.traps is the number of trap steps"):
+            ArithTask(ArithTask.Config(**{**base, **bad}))

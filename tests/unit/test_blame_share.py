@@ -57,3 +57,16 @@ def test_trap_report_by_hand(blame_share):
     assert blame_share.task_overrides(["trap=1", "numbered=true"]) == {"trap": 1, "numbered": True}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         blame_share.task_overrides(["trap"])
+
+
+def test_traps_report_by_hand(blame_share):
+    """Chains of problems with traps at steps 1 and 3 (0-based): correct; wrong at trap 1 (step 1);
+    wrong at trap 2 (step 3); wrong at step 2. Trap 1 is reached 4 times and passed 3; trap 2 is
+    reached by the correct chain and the chain wrong there: passed 1 of 2. The other steps up to
+    the last trap (0 and 2) are reached 4 + 3 = 7 times and passed 4 + 2 = 6."""
+    rows = [(None, (1, 3)), (1, (1, 3)), (3, (1, 3)), (2, (1, 3)), (0, ())]
+    report = blame_share.traps_report(rows)
+    assert "4 chains, 3 failed" in report
+    assert "first wrong step is a trap in 0.667 of failed chains" in report
+    assert "(given a right prefix): 0.750 of 4, 0.500 of 2" in report
+    assert "at the other steps up to the last trap 0.857" in report
