@@ -11,8 +11,9 @@ for the oracle on `experiment=credit_trap`). Here the budget B is the smaller ru
 that run is read at its last evaluation, and the other run's per-problem outcomes at B are
 interpolated between its two evaluations around B (sampled accuracy: correct / samples; greedy:
 0/1 read as a probability). Runs are ``<dir>/<method>-seed<s>``; seeds both methods finished are
-paired. Printed: the mean difference per problem with the crossed bootstrap over seeds and
-problems, each seed's mean, and the exact sign-flip test over seeds (creditlab.significance).
+paired. Printed: the mean difference per problem with the crossed random-effects t-test over
+seeds and problems (the numbers in docs/methods/positive_control.md came from the crossed bootstrap
+it replaced), each seed's mean, and the exact sign-flip test over seeds (creditlab.significance).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from creditlab.problem_records import outcomes, read_records
-from creditlab.significance import crossed_bootstrap, paired_test
+from creditlab.significance import crossed_test, paired_test
 
 
 def totals(run: Path, key: str) -> dict[int, float]:
@@ -83,12 +84,12 @@ def report(root: Path, method: str, baseline: str, key: str, metric: str) -> str
         d, budget = pair(root / f"{method}-seed{s}", root / f"{baseline}-seed{s}", key, metric)
         rows.append(d)
         budgets.append(budget)
-    test = crossed_bootstrap(np.array(rows))
+    test = crossed_test(np.array(rows))
     seed_level = paired_test([r.mean() for r in rows], [0.0] * len(rows))
     return "\n".join([
         f"{method} - {baseline}, {metric} at equal {key} "
         f"({min(budgets):,.0f}-{max(budgets):,.0f}), {len(seeds)} seeds x {len(rows[0])} problems",
-        f"  per problem: {test.diff:+.4f}  95% crossed bootstrap [{test.low:+.4f}, {test.high:+.4f}]  p = {test.p_value:.4f}",
+        f"  per problem: {test.diff:+.4f}  95% crossed t [{test.low:+.4f}, {test.high:+.4f}]  p = {test.p_value:.4f} (df {test.df:.3g})",
         f"  per seed: {' '.join(f'{r.mean():+.4f}' for r in rows)}  (seeds {seeds})",
         f"  seed level: p = {seed_level.p_value:.4f} ({seed_level.description})",
     ])

@@ -11,9 +11,10 @@ run's ``task.max_steps``) and prints Markdown tables:
   and the trained tokens to reach a threshold (the baseline's final mean at that H);
 * per H, each method against the baseline (``grpo``) *at equal trained tokens* (each pair of
   runs compared at the last evaluation within the smaller of their trained-token totals): the
-  mean per-problem difference with the crossed bootstrap over seeds x problems
-  (:func:`creditlab.significance.crossed_bootstrap`, the test ``creditlab compare`` runs) and
-  the exact sign-flip test over the seed means beside it.
+  mean per-problem difference with the crossed random-effects t-test over seeds x problems
+  (:func:`creditlab.significance.crossed_test`, the test ``creditlab compare`` runs; the tables of
+  docs/methods/horizon.md were made with the crossed bootstrap it replaced) and the exact
+  sign-flip test over the seed means beside it.
 
 With ``--out PREFIX`` it writes ``PREFIX_curves.png`` (pass@1 against trained and against all
 generated tokens, one row per H), ``PREFIX_gaps.png`` (the differences against H with their
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from creditlab.problem_records import MIN_SEEDS_FOR_P, matched_steps, outcomes, read_records, value_at
 from creditlab.rundirs import Run, find_runs, load_run
-from creditlab.significance import crossed_bootstrap, paired_test
+from creditlab.significance import crossed_test, paired_test
 
 METRIC = "eval/pass@1"
 KEY = "tokens/trained"
@@ -66,8 +67,8 @@ def tokens_to(run: Run, threshold: float) -> float:
     return next((x for x, y in zip(xs, ys) if y >= threshold), math.inf)
 
 
-def compare_at_equal_tokens(runs: dict[int, Run], base: dict[int, Run], resamples: int) -> dict:
-    """Per-problem crossed bootstrap and seed-level sign-flip of ``runs`` minus ``base`` at equal
+def compare_at_equal_tokens(runs: dict[int, Run], base: dict[int, Run]) -> dict:
+    """Per-problem crossed t-test and seed-level sign-flip of ``runs`` minus ``base`` at equal
     trained tokens, over the seeds both have."""
     seeds = sorted(set(runs) & set(base))
     rows, means, base_means = [], [], []
@@ -80,7 +81,7 @@ def compare_at_equal_tokens(runs: dict[int, Run], base: dict[int, Run], resample
         means.append(value_at(runs[s], METRIC, step))
         base_means.append(value_at(base[s], METRIC, base_step))
     width = min(len(r) for r in rows)
-    crossed = crossed_bootstrap([r[:width] for r in rows], resamples=resamples)
+    crossed = crossed_test([r[:width] for r in rows])
     sign_flip_p = paired_test(means, base_means).p_value if len(seeds) >= 2 else math.nan
     return {"seeds": len(seeds), "crossed": crossed, "sign_flip_p": sign_flip_p}
 
@@ -90,7 +91,6 @@ def main() -> None:
     p.add_argument("sweep_dir", type=Path)
     p.add_argument("--baseline", default="grpo")
     p.add_argument("--out", default=None, help="prefix of the plot files (none: tables only)")
-    p.add_argument("--bootstrap", type=int, default=10000)
     args = p.parse_args()
 
     runs: dict[int, dict[str, dict[int, Run]]] = defaultdict(lambda: defaultdict(dict))
@@ -122,7 +122,7 @@ def main() -> None:
                   f"median {statistics.median(reach):,.0f} ({sum(math.isfinite(x) for x in reach)}/{len(reach)} reach it) |")
 
     print(f"\nAgainst {args.baseline} at equal trained tokens (per-problem outcomes, greedy):\n")
-    print("| H | method | seeds × problems | Δ pass@1 | 95% interval (crossed bootstrap) | p (crossed) | p (exact sign-flip over seeds) |")
+    print("| H | method | seeds × problems | Δ pass@1 | 95% t-interval (crossed) | p (crossed t) | p (exact sign-flip over seeds) |")
     print("|---|---|---|---|---|---|---|")
     gaps: dict[str, list[tuple[int, float, float, float]]] = defaultdict(list)
     for h in sorted(runs):
@@ -132,7 +132,7 @@ def main() -> None:
         for method, seeds in sorted(runs[h].items()):
             if method == args.baseline:
                 continue
-            res = compare_at_equal_tokens(seeds, base, args.bootstrap)
+            res = compare_at_equal_tokens(seeds, base)
             c = res["crossed"]
             gaps[method].append((h, c.diff, c.low, c.high))
             print(f"| {h} | {method} | {c.seeds} × {c.problems} | {c.diff:+.3f} | [{c.low:+.3f}, {c.high:+.3f}] | "
@@ -179,7 +179,7 @@ def plot(runs: dict, gaps: dict, prefix: str) -> None:
     ax.set_xticks(hs)
     ax.set_xlabel("horizon H (steps per problem)")
     ax.set_ylabel("Δ held-out greedy pass@1 at equal trained tokens")
-    ax.set_title("gap to GRPO, 95% crossed-bootstrap intervals", fontsize=10)
+    ax.set_title("gap to GRPO, 95% crossed t-intervals", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

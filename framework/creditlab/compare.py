@@ -264,7 +264,7 @@ def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: 
             continue
         common = {s for s, _ in g.values["final"]} & {s for s, _ in base.values["final"]}
         runs, base_runs = ({r.seed: r for r in grp.used if r.seed in common} for grp in (g, base))
-        out.append(paired_problem_test(g.label, runs, base_runs, metric, key, records, resamples, seed))
+        out.append(paired_problem_test(g.label, runs, base_runs, metric, key, records))
         if key:
             steps = [(s, *matched_steps(runs[s], base_runs[s], metric, key)) for s in sorted(common, key=str)]
             gv = [value_at(runs[s], metric, a) for s, a, _, _ in steps]

@@ -11,7 +11,7 @@ for ``metrics.jsonl``)::
 ``ids`` are in the order of the test rows; ``greedy`` is 1 where the greedy answer was right;
 ``correct`` counts the right answers among ``samples`` samples (an empty list when
 ``eval.samples`` is 0). ``creditlab compare`` reads them (:mod:`creditlab.compare`) to test a
-method against the baseline over seeds x problems (:func:`creditlab.significance.crossed_bootstrap`).
+method against the baseline over seeds x problems (:func:`creditlab.significance.crossed_test`).
 
 ``--at-equal KEY`` compares two runs at the same budget of a cumulative counter instead of at
 their last evaluations: :func:`matched_steps`. :func:`paired_problem_test` builds the
@@ -28,13 +28,14 @@ from typing import Any
 
 from creditlab.errors import closest
 from creditlab.rundirs import AXES, CompareError, Run
-from creditlab.significance import CrossedTest, crossed_bootstrap
+from creditlab.significance import CrossedTest, crossed_test
 
 PROBLEMS_FILE = "eval_problems.jsonl"
 #: Counters a run logs as running totals (``--at-equal`` may name them): every x-axis but the step.
 CUMULATIVE = tuple(k for k in AXES if k != "step")
-#: Fewest paired seeds for which the crossed bootstrap's p is reported (DESIGN.md section 9: a
-#: bootstrap over three seeds is never reported as a p-value).
+#: Fewest paired seeds for which the per-problem test's p is reported: below it the crossed t-test's
+#: 95% interval covers 0.93-0.94 of the time when seed effects dominate (docs/comparing.md, the
+#: simulation of ``sweeps/crossed_coverage.py``), from 5 seeds 0.945-0.95.
 MIN_SEEDS_FOR_P = 5
 #: Metrics with a per-problem outcome: how a record gives it.
 OUTCOMES = {"eval/pass@1": "greedy (0/1)", "eval/sample_accuracy": "correct / samples"}
@@ -139,7 +140,7 @@ class ProblemTest:
     Attributes:
         label: The group.
         at: Where the runs were compared, e.g. ``last evaluation (step 80)``.
-        result: The crossed bootstrap of the per-problem differences.
+        result: The crossed t-test of the per-problem differences.
         note: Pairing, outcome and anything left out.
         steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``.
     """
@@ -171,14 +172,14 @@ def describe_steps(steps: list[tuple[Any, int, int, float]], key: str | None) ->
 
 def paired_problem_test(
     label: str, runs: dict[Any, Run], base_runs: dict[Any, Run], metric: str, key: str | None,
-    records: dict[Path, dict[int, dict[str, Any]]], resamples: int = 10000, seed: int = 0,
+    records: dict[Path, dict[int, dict[str, Any]]],
 ) -> ProblemTest:
     """Test a group against the baseline problem by problem.
 
     For every seed ``s`` both have (``runs`` and ``base_runs`` map the paired seeds to their run)
     and every problem ``p`` recorded by all of these runs: ``d[s, p]`` = outcome of the group's run
     minus the baseline run's, each at the step :func:`matched_steps` picks; then
-    :func:`~creditlab.significance.crossed_bootstrap` of ``d``.
+    :func:`~creditlab.significance.crossed_test` of ``d``.
 
     Args:
         records: ``run path -> read_records(run path)`` (read once per run).
@@ -204,14 +205,15 @@ def paired_problem_test(
         pairs.append(pair)
     shared = set.intersection(*(set(o) for pair in pairs for o in pair))
     ids = [i for i in pairs[0][0] if i in shared]  # the test rows' order
-    if not ids:
-        return ProblemTest(label, at, None, "no per-problem test: the runs share no problem id", steps)
+    if len(ids) < 2:
+        return ProblemTest(label, at, None, f"no per-problem test: the runs share {len(ids)} problem id(s), "
+                           "the test needs 2", steps)
     d = [[g[i] - b[i] for i in ids] for g, b in pairs]
-    result = crossed_bootstrap(d, resamples, seed)
+    result = crossed_test(d)
     total = max(len(o) for pair in pairs for o in pair)
     note = (f"paired on seeds {', '.join(map(str, seeds))} x {len(ids)} problems; outcome {OUTCOMES[metric]}"
             + (f"; {total - len(ids)} problem(s) not scored by every run left out" if len(ids) < total else ""))
     if len(seeds) < MIN_SEEDS_FOR_P:
-        note += (f"; {len(seeds)} seeds: no p (the seed part of the bootstrap underestimates run-to-run variance "
-                 f"below {MIN_SEEDS_FOR_P}); the interval is descriptive, the seed-level test is the test")
+        note += (f"; {len(seeds)} seeds: no p (below {MIN_SEEDS_FOR_P} seeds the crossed t-test covers under 95%); "
+                 "the interval is descriptive, the seed-level test is the test")
     return ProblemTest(label, at, result, note, steps)

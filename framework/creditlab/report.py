@@ -22,7 +22,7 @@ from rich.table import Table
 from creditlab.compare import TESTED, Comparison, GroupStats, Test
 from creditlab.rundirs import AXES, REWARD
 from creditlab.problem_records import MIN_SEEDS_FOR_P
-from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
+from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM, CrossedTest
 from creditlab.stats import MeanCI
 
 PLOT_FILES = {"step": "curves_step.png", "tokens/trained": "curves_tokens_trained.png",
@@ -173,14 +173,14 @@ def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def problem_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """The per-problem (seeds x problems) tests against the baseline."""
-    header = ["group", f"difference vs {c.baseline}", "95% crossed bootstrap CI", "p (two-sided, bootstrap)",
+    header = ["group", f"difference vs {c.baseline}", "95% t-interval (crossed)", "p (two-sided, crossed t)", "df",
               "seeds x problems", "compared at", "pairing"]
     rows = []
     for t in c.problem_tests:
         r = t.result
-        cells = (["—"] * 4 if r is None else [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]",
-                                              f"{fmt_p(r.p_value)} (smallest possible {fmt_p(r.p_min)})"
-                                              if r.seeds >= MIN_SEEDS_FOR_P else f"— (needs {MIN_SEEDS_FOR_P} seeds)",
+        cells = (["—"] * 5 if r is None else [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]",
+                                              fmt_p(r.p_value) if r.seeds >= MIN_SEEDS_FOR_P
+                                              else f"— (needs {MIN_SEEDS_FOR_P} seeds)", f"{r.df:.3g}",
                                               f"{r.seeds} x {r.problems}"])
         rows.append([t.label, *cells, t.at, t.note])
     return header, rows
@@ -239,10 +239,11 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
                 ("p", "Every run scores the same held-out problems (eval_problems.jsonl). For each seed both "
                       "groups ran and each problem: the group's outcome minus the baseline's (greedy 0/1 for "
                       "eval/pass@1, correct/samples for eval/sample_accuracy), at the step in 'compared at'. "
-                      "Mean over seeds x problems; interval and p from a crossed bootstrap that resamples seeds "
-                      "and problems independently, so both run-to-run and problem-to-problem variance count "
-                      "(p: twice the share of draws on the far side of 0). With few seeds the bootstrap "
-                      "sees few runs: read it beside the exact seed-level test. See docs/comparing.md.")]
+                      "Mean over seeds x problems; interval and p from a t-test with the crossed random-effects "
+                      "variance var_seed/S + var_problem/P + var_resid/(S P) (components from the two-way ANOVA "
+                      "mean squares) and Satterthwaite degrees of freedom (df), so both run-to-run and "
+                      "problem-to-problem variance count; when the seeds dominate, df approaches S - 1. "
+                      f"No p below {MIN_SEEDS_FOR_P} seeds. See docs/comparing.md.")]
     header, rows = credit_rows(c.groups)
     out += [("h2", "Credit quality (train/credit/*, averaged over each run, then over seeds)")]
     out += [("table", header, rows)] if rows else [("p", "No train/credit/* metrics in these runs.")]
@@ -319,18 +320,20 @@ def to_json(c: Comparison) -> dict[str, Any]:
         "problem_tests": [{"group": t.label, "at": t.at, "note": t.note,
                            "steps": [{"seed": s, "step": a, "baseline_step": b, "budget": None if math.isnan(x) else x}
                                      for s, a, b, x in t.steps],
-                           **({} if t.result is None else {
-                               "diff": t.result.diff, "bootstrap_ci95": [t.result.low, t.result.high],
-                               "p_value": t.result.p_value if t.result.seeds >= MIN_SEEDS_FOR_P else None,
-                               "p_min": t.result.p_min, "sides": "two-sided",
-                               "test": "crossed bootstrap (seeds x problems)", "seeds": t.result.seeds,
-                               "problems": t.result.problems, "resamples": t.result.resamples})}
+                           **({} if t.result is None else _crossed_json(t.result))}
                           for t in c.problem_tests],
         "runs": [{"name": r.name, "path": str(r.path), "group": r.group, "seed": r.seed, "status": r.status,
                   "detail": r.detail, "steps": r.steps, "max_steps": r.max_steps, "used": r.used, "reason": r.reason}
                  for r in c.runs],
         "warnings": c.warnings,
     }
+
+
+def _crossed_json(r: CrossedTest) -> dict[str, Any]:
+    return {"diff": r.diff, "t_ci95": [r.low, r.high], "p_value": r.p_value if r.seeds >= MIN_SEEDS_FOR_P else None,
+            "sides": "two-sided", "test": "crossed random-effects t (seeds x problems)", "se": r.se, "df": r.df if math.isfinite(r.df) else None,
+            "variance_components": {"seed": r.var_seed, "problem": r.var_problem, "residual": r.var_resid},
+            "seeds": r.seeds, "problems": r.problems}
 
 
 def _test_json(t: Test) -> dict[str, Any]:

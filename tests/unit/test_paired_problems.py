@@ -1,4 +1,4 @@
-"""Per-problem evaluation (issue 15 item 3): the crossed bootstrap over seeds x problems, budget
+"""Per-problem evaluation (issue 15 item 3): the crossed t-test over seeds x problems, budget
 matching (``--at-equal``), the per-problem records an evaluation gives, and ``creditlab compare``
 on fabricated run directories with ``eval_problems.jsonl``."""
 
@@ -15,64 +15,84 @@ from creditlab.evaluation import EvalConfig, ProblemOutcomes, evaluate_problems,
 from creditlab.problem_records import PROBLEMS_FILE, check_budget_key, matched_steps, read_records
 from creditlab.report import problem_rows, to_json
 from creditlab.rundirs import load_run
-from creditlab.significance import crossed_bootstrap
+from creditlab.significance import crossed_test, mean_squares
 from creditlab.types import Completion, Problem, Rewards, RolloutConfig
+from scipy import stats as scipy_stats
 
 from tests.unit.test_compare import EVALS, make_run
 
 # -- the statistic --------------------------------------------------------------------------------
 
 
+def test_crossed_test_by_hand():
+    """d = [[0, 1, 2], [2, 3, 7]] (S = 2 seeds, P = 3 problems). Grand mean 2.5, seed means 1 and 4,
+    problem means 1, 2, 4.5. MS_seed = 3 (1.5² + 1.5²) / 1 = 13.5; MS_problem = 2 (1.5² + 0.5² + 2²)
+    / 2 = 6.5; residuals ±0.5, ±0.5, ∓1 in each row: MS_resid = 3 / 2 = 1.5. Components: seed
+    (13.5 − 1.5) / 3 = 4, problem (6.5 − 1.5) / 2 = 2.5, residual 1.5; the mean's variance
+    4/2 + 2.5/3 + 1.5/6 = 18.5/6, df = 18.5² / (13.5²/1 + 6.5²/2 + 1.5²/2) = 342.25 / 204.5."""
+    d = [[0, 1, 2], [2, 3, 7]]
+    assert mean_squares(d) == pytest.approx((13.5, 6.5, 1.5))
+    t = crossed_test(d)
+    assert (t.diff, t.seeds, t.problems) == (2.5, 2, 3)
+    assert (t.var_seed, t.var_problem, t.var_resid) == pytest.approx((4.0, 2.5, 1.5))
+    assert t.se == pytest.approx(math.sqrt(18.5 / 6)) and t.df == pytest.approx(342.25 / 204.5)
+    half = scipy_stats.t.ppf(0.975, 342.25 / 204.5) * math.sqrt(18.5 / 6)
+    assert (t.low, t.high) == pytest.approx((2.5 - half, 2.5 + half))
+    assert t.p_value == pytest.approx(2 * scipy_stats.t.sf(2.5 / math.sqrt(18.5 / 6), 342.25 / 204.5))
+
+
+def test_a_negative_component_is_set_to_zero_and_leaves_the_sum():
+    """d = [[1, 2, 3], [2, 1, 3]]: both seeds average 2 (MS_seed = 0), problem means 1.5, 1.5, 3
+    (MS_problem = 2 (0.25 + 0.25 + 1) / 2 = 1.5), residuals ±0.5 (MS_resid = 1 / 2 = 0.5). The seed
+    component (0 − 0.5) / 3 < 0 is set to 0; the problem one is (1.5 − 0.5) / 2 = 0.5, so the
+    variance is 0.5/3 + 0.5/6 = MS_problem / (S P) = 0.25 on P − 1 = 2 df: t = 2 / 0.5 = 4, and
+    with 2 df P(T > t) = 1/2 − t / (2 √(2 + t²)), so p = 1 − 4/√18 = 0.0572."""
+    t = crossed_test([[1, 2, 3], [2, 1, 3]])
+    assert (t.var_seed, t.var_problem, t.var_resid) == pytest.approx((0.0, 0.5, 0.5))
+    assert (t.se, t.df) == pytest.approx((0.5, 2.0))
+    assert t.p_value == pytest.approx(1 - 4 / math.sqrt(18))
+    assert (t.low, t.high) == pytest.approx((2 - 4.302653 * 0.5, 2 + 4.302653 * 0.5), abs=1e-6)
+    # both components negative: the residual mean square alone, on (S - 1)(P - 1) = 1 df (Cauchy:
+    # P(|T| >= 1) = 0.5)
+    both = crossed_test([[1, 0], [0, 1]])
+    assert (both.var_seed, both.var_problem, both.se, both.df, both.p_value) == pytest.approx((0, 0, 0.5, 1, 0.5))
+
+
+def test_seed_effects_alone_give_the_t_test_of_the_seed_means():
+    """d[s, p] = a_s: no problem or residual variance, so the variance is that of the seed means
+    over S and df = S − 1: exactly the one-sample t-test of the seed means (the small-seed
+    correction a bootstrap lacks)."""
+    a = np.array([0.3, -0.1, 0.2, 0.0, 0.1])
+    t = crossed_test(np.repeat(a[:, None], 40, axis=1))
+    ref = scipy_stats.ttest_1samp(a, 0.0)
+    assert t.df == pytest.approx(4) and t.p_value == pytest.approx(ref.pvalue)
+    assert (t.low, t.high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
+
+
+def test_additive_seed_and_problem_effects_add_their_variances():
+    """d[s, p] = a_s + b_p (no interaction): MS_resid = 0, so the variance of the mean is
+    var(a)/S + var(b)/P (sample variances); a test over problems alone would see var(b)/P only,
+    here a tenth of it."""
+    a = np.array([0.3, -0.1, 0.2, 0.0, 0.1])
+    b = np.tile([0.3, -0.3, 0.1, -0.1], 50)  # 200 problems, mean 0
+    t = crossed_test(a[:, None] + b[None, :])
+    assert t.diff == pytest.approx(0.1) and t.var_resid == pytest.approx(0, abs=1e-12)
+    assert t.se == pytest.approx(math.sqrt(a.var(ddof=1) / 5 + b.var(ddof=1) / 200))
+    assert t.se > 3 * math.sqrt(b.var(ddof=1) / 200)
+
+
 def test_all_equal_differences_give_that_value_and_a_zero_width_interval():
-    t = crossed_bootstrap(np.full((3, 4), 0.25), resamples=999)
-    assert (t.diff, t.low, t.high) == (0.25, 0.25, 0.25)
-    assert (t.seeds, t.problems, t.resamples) == (3, 4, 999)
-    # no draw is <= 0: the smallest p a bootstrap of 999 draws gives, 2 / (999 + 1)
-    assert t.p_value == t.p_min == pytest.approx(0.002)
-    zero = crossed_bootstrap(np.zeros((3, 4)), resamples=999)
+    t = crossed_test(np.full((3, 4), 0.25))
+    assert (t.diff, t.low, t.high, t.se, t.p_value) == (0.25, 0.25, 0.25, 0.0, 0.0)
+    zero = crossed_test(np.zeros((3, 4)))
     assert (zero.diff, zero.low, zero.high, zero.p_value) == (0.0, 0.0, 0.0, 1.0)
 
 
-def test_a_symmetric_array_has_p_near_one():
-    """Columns come in pairs (c, -c): every draw has a mirror draw as likely, so the draws are
-    symmetric about 0 and the two-sided p is about 1."""
-    rng = np.random.default_rng(0)
-    half = rng.choice([-1.0, 0.0, 1.0], size=(5, 30))
-    t = crossed_bootstrap(np.concatenate([half, -half], axis=1), resamples=4000)
-    assert t.diff == 0.0 and t.p_value > 0.9 and t.low < 0 < t.high
-
-
-def test_a_strong_effect_has_the_smallest_p():
-    """Five seeds x 100 problems, the method solves 30% more problems (0/1 differences, no
-    negative ones): no draw reaches 0."""
-    d = np.zeros((5, 100))
-    d[:, :30] = 1.0
-    t = crossed_bootstrap(d, resamples=2000)
-    assert t.diff == pytest.approx(0.3) and t.p_value == t.p_min == pytest.approx(2 / 2001)
-    assert 0.2 < t.low < 0.3 < t.high < 0.4
-
-
-def test_seed_variance_widens_the_interval_over_a_problem_only_bootstrap():
-    """d[s, p] = a_s + b_p (seed offsets and problem effects, no interaction). A crossed draw is
-    mean(a*) + mean(b*) with independent draws, so its variance is var(a)/S + var(b)/P (population
-    variances). A problem-only bootstrap (seeds fixed) sees var(b)/P alone: far too narrow here."""
-    a = np.array([0.3, -0.1, 0.2, 0.0, 0.1])
-    b = np.tile([0.3, -0.3, 0.1, -0.1], 50)  # 200 problems, mean 0
-    d = a[:, None] + b[None, :]
-    t = crossed_bootstrap(d, resamples=20000, seed=1)
-    assert t.diff == pytest.approx(0.1)
-    sd = math.sqrt(a.var() / 5 + b.var() / 200)  # sqrt(0.02/5 + 0.05/200) = 0.065: mostly the seeds
-    assert t.high - t.low == pytest.approx(2 * 1.96 * sd, rel=0.1)
-    rng = np.random.default_rng(1)
-    draws = d[:, rng.integers(0, 200, size=(20000, 200))].mean(axis=(0, 2))  # problems only
-    low, high = np.percentile(draws, [2.5, 97.5])
-    assert high - low == pytest.approx(2 * 1.96 * math.sqrt(b.var() / 200), rel=0.1)
-    assert t.high - t.low > 3 * (high - low)
-
-
-def test_crossed_bootstrap_needs_a_two_dimensional_array():
-    with pytest.raises(ValueError, match=r"\(seeds, problems\) array with both >= 1, got shape \(4,\)"):
-        crossed_bootstrap([0.1, 0.2, 0.3, 0.4])
+def test_crossed_test_needs_two_seeds_and_two_problems():
+    with pytest.raises(ValueError, match=r"\(seeds, problems\) array with both >= 2, got shape \(4,\)"):
+        crossed_test([0.1, 0.2, 0.3, 0.4])
+    with pytest.raises(ValueError, match=r"got shape \(1, 3\)"):
+        crossed_test([[0.1, 0.2, 0.3]])
 
 
 # -- budget matching -----------------------------------------------------------------------------
@@ -193,7 +213,10 @@ def _greedy(solved, n=40):
 def test_compare_reports_the_per_problem_test(tmp_path):
     """Five seeds x 40 problems. The baseline solves problems 0-19 at its last evaluation; the
     method solves 0-19 plus 5 more per seed (20-24 shifted by the seed): d = +1 on 5 problems of
-    each seed, so the mean difference is 5/40 = 0.125 and no draw is <= 0."""
+    each seed, so the mean difference is 5/40 = 0.125, every seed's mean is 0.125 (MS_seed = 0: no
+    seed component) and problems 20-28 are solved by 1, 2, 3, 4, 5, 4, 3, 2, 1 more seeds. By hand:
+    problem means c_p = 0.2, 0.4, ..., 0.2 and 31 zeros, sum of (c_p - 0.125)^2 = 85/25 - 40/64 =
+    2.775, MS_problem = 5 * 2.775 / 39; the variance of the mean is MS_problem / (5 * 40) on 39 df."""
     for seed in range(5):
         base = make_run(tmp_path, f"grpo-{seed}", "grpo", seed, evals={0: 0.5, 2: 0.5, 4: 0.5})
         meth = make_run(tmp_path, f"oracle-{seed}", "oracle", seed, evals={0: 0.5, 2: 0.55, 4: 0.625})
@@ -205,10 +228,14 @@ def test_compare_reports_the_per_problem_test(tmp_path):
     md = (out / "report.md").read_text()
     assert "## Per problem against the baseline 'grpo' (seeds x problems, eval/pass@1, at the last evaluations)" in md
     row = next(line for line in md.splitlines() if line.startswith("| oracle | +0.125 |"))
-    assert "| 0.002 (smallest possible 0.002) | 5 x 40 | last evaluation (step 4) | paired on seeds 0, 1, 2, 3, 4 x 40 problems" in row
+    se = math.sqrt(5 * 2.775 / 39 / 200)
+    p = 2 * scipy_stats.t.sf(0.125 / se, 39)  # 0.00516
+    assert f"| [+0.040, +0.210] | {p:.3g} | 39 | 5 x 40 | last evaluation (step 4) | paired on seeds 0, 1, 2, 3, 4 x 40 problems" in row
     test = json.loads((out / "compare.json").read_text())["problem_tests"][0]
     assert test["diff"] == pytest.approx(0.125) and (test["seeds"], test["problems"]) == (5, 40)
-    assert test["p_value"] == pytest.approx(0.002) and 0.05 <= test["bootstrap_ci95"][0] < 0.125 < test["bootstrap_ci95"][1]
+    assert (test["p_value"], test["se"], test["df"]) == pytest.approx((p, se, 39))
+    assert test["t_ci95"] == pytest.approx([0.125 - scipy_stats.t.ppf(0.975, 39) * se, 0.125 + scipy_stats.t.ppf(0.975, 39) * se])
+    assert test["variance_components"]["seed"] == 0 and test["test"] == "crossed random-effects t (seeds x problems)"
     assert test["steps"][0] == {"seed": 0, "step": 4, "baseline_step": 4, "budget": None}
 
 
@@ -233,7 +260,7 @@ def test_per_problem_test_uses_sample_accuracy_and_budget_matched_steps(tmp_path
     assert [s[1:] for s in t.steps] == [(2, 4, 400.0)] * 3
     assert t.at == "equal tokens/trained <= 400 (steps 2; baseline 4)"
     assert "outcome correct / samples" in t.note and "3 seeds: no p" in t.note
-    row = problem_rows(c)[1][0]  # DESIGN.md section 9: no bootstrap p over fewer than 5 seeds
+    row = problem_rows(c)[1][0]  # no per-problem p below 5 seeds (coverage under 95% there)
     assert row[3] == "— (needs 5 seeds)" and to_json(c)["problem_tests"][0]["p_value"] is None
     # the seed-level test at equal budget: sample accuracy at step 2 (0.6 + 0.01 s) vs at step 4 (0.8)
     budget = next(x for x in c.tests if x.quantity == "at equal tokens/trained")
