@@ -26,9 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 from creditlab.config import build_parts
 from creditlab.datamodule import TaskDataModule
 from creditlab.errors import InputError
+from creditlab.headline import headline
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.models import is_peft, load_policy
 from creditlab.module import CreditAssignmentModule, Parts
+from creditlab.problem_records import read_records
 from creditlab.progress import StepProgressBar, quiet_library_output
 from creditlab.rollout import RolloutSampler
 from creditlab.rundir_guard import RunStopped
@@ -316,6 +318,9 @@ def _summarize(rows: list[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
         if "eval/sample_accuracy" in evals[0]:
             summary["eval_sample_accuracy_first"] = evals[0]["eval/sample_accuracy"]
             summary["eval_sample_accuracy_last"] = evals[-1]["eval/sample_accuracy"]
+        if (gain := headline(read_records(out_dir))) is not None:
+            summary["headline"] = gain.as_dict()
+            summary["headline_text"] = gain.describe()
     if train:
         summary["train_reward_last"] = train[-1]["train/reward/mean"]
         summary["time_s"] = train[-1].get("time/train_s")
@@ -364,6 +369,8 @@ def _print_summary(summary: dict[str, Any], out_dir: Path, model_path: str) -> N
             f"  held-out sampled accuracy: {summary['eval_sample_accuracy_first']:.3f} -> "
             f"{summary['eval_sample_accuracy_last']:.3f}"
         )
+    if "headline_text" in summary:
+        lines.append(f"  headline: {summary['headline_text']}")
     lines.append(f"  metrics: {out_dir / 'metrics.jsonl'}   config: {out_dir / 'config.yaml'}")
     if "plot" in summary:
         lines.append(f"  plot:    {summary['plot']}")
