@@ -7,13 +7,15 @@ read between its evaluations, interpolated linearly to the other run's final tot
 `creditlab compare --at-equal` compares each run at its last evaluation *within* the smaller
 final total, which with evaluations every 20 steps can hand the cheaper method up to one
 evaluation interval of extra budget (docs/methods/positive_control.md: 20% more trained tokens
-for the oracle on `experiment=credit_trap`). Here the budget B is the smaller run's final total;
-that run is read at its last evaluation, and the other run's per-problem outcomes at B are
-interpolated between its two evaluations around B (sampled accuracy: correct / samples; greedy:
-0/1 read as a probability). Runs are ``<dir>/<method>-seed<s>``; seeds both methods finished are
-paired. Printed: the mean difference per problem with the crossed random-effects t-test over
-seeds and problems (the numbers in docs/methods/positive_control.md came from the crossed bootstrap
-it replaced), each seed's mean, and the exact sign-flip test over seeds (creditlab.significance).
+for the oracle on `experiment=credit_trap`). Here the budget B is the smaller of the two runs'
+totals at their last evaluations; that run is read at its last evaluation, and the other run's
+per-problem outcomes at B are interpolated between its two evaluations around B (sampled
+accuracy: correct / samples; greedy: 0/1 read as a probability): :mod:`creditlab.budgets`, the
+interpolation ``creditlab compare``'s pre-registered section uses. Runs are
+``<dir>/<method>-seed<s>``; seeds both methods finished are paired. Printed: the mean difference
+per problem with the crossed random-effects t-test over seeds and problems
+(``creditlab.significance.crossed_test``; the numbers in docs/methods/positive_control.md came
+from the crossed bootstrap it replaced), each seed's mean, and the exact sign-flip test over seeds.
 """
 
 from __future__ import annotations
@@ -25,43 +27,29 @@ from pathlib import Path
 
 import numpy as np
 
-from creditlab.problem_records import outcomes, read_records
+from creditlab.budgets import outcomes_at_budget, totals
+from creditlab.problem_records import read_records
+from creditlab.rundirs import CompareError
 from creditlab.significance import crossed_test, paired_test
 
 
-def totals(run: Path, key: str) -> dict[int, float]:
+def _totals(run: Path, key: str) -> dict[int, float]:
     """``step -> key`` (a cumulative counter) from a run's metrics.jsonl; 0 at step 0."""
-    out = {0: 0.0}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if key in row:
-            out[int(row["step"])] = float(row[key])
-    return out
-
-
-def at_budget(records: dict[int, dict], spent: dict[int, float], budget: float, metric: str) -> dict[str, float]:
-    """Per-problem outcomes at ``budget``: linear between the evaluations around it (the last one
-    when the run never spent more). ``records``: step -> eval_problems record; ``spent``: step ->
-    cumulative budget."""
-    steps = sorted(s for s in records if s in spent)
-    low = max((s for s in steps if spent[s] <= budget), default=None)
-    if low is None:
-        raise SystemExit(f"no evaluation within the budget {budget:g}")
-    high = min((s for s in steps if spent[s] > budget), default=None)
-    a = outcomes(records[low], metric)
-    if high is None:
-        return a
-    b = outcomes(records[high], metric)
-    w = (budget - spent[low]) / (spent[high] - spent[low])
-    return {i: (1 - w) * a[i] + w * b[i] for i in a}
+    return totals([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()], key)
 
 
 def pair(method_run: Path, base_run: Path, key: str, metric: str) -> tuple[np.ndarray, float]:
-    """Per-problem differences (method − baseline) at the smaller final total, and that total."""
-    runs = [(read_records(r), totals(r, key)) for r in (method_run, base_run)]
-    finals = [max(spent.values()) for _, spent in runs]
-    budget = min(finals)
-    got = [at_budget(rec, spent, budget, metric) for rec, spent in runs]
+    """Per-problem differences (method − baseline) at the smaller of the two runs' totals at their
+    last evaluations, and that budget."""
+    runs = [(read_records(r), _totals(r, key)) for r in (method_run, base_run)]
+    ends = [spent.get(max(records), float("nan")) for records, spent in runs]
+    budget = min(ends)
+    if budget != budget:
+        raise SystemExit(f"{method_run} or {base_run}: no {key} total at the last evaluation")
+    try:
+        got = [outcomes_at_budget(rec, spent, budget, metric) for rec, spent in runs]
+    except CompareError as exc:
+        raise SystemExit(str(exc)) from None
     ids = sorted(got[0])
     return np.array([got[0][i] - got[1][i] for i in ids]), budget
 
