@@ -21,6 +21,7 @@ from creditlab.evaluation import EvalConfig
 from creditlab.layout import plan
 from creditlab.losses import LossConfig
 from creditlab.models import ModelConfig
+from creditlab.preregistration import parse as parse_preregistration
 from creditlab.registry import REGISTRIES, build_config
 from creditlab.types import RolloutConfig
 
@@ -28,6 +29,8 @@ from creditlab.types import RolloutConfig
 #: ``rollout`` section also holds the core's :class:`~creditlab.types.RolloutConfig` keys.
 PART_KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "rollout", "advantage")
 LIBRARY_SECTIONS = ("trainer", "logger", "optim", "hydra")
+#: How the runs will be compared (:mod:`creditlab.preregistration`); recorded, not used by training.
+DECLARATIONS = ("preregistration",)
 ROLLOUT_KEYS = frozenset(f.name for f in fields(RolloutConfig))
 
 
@@ -289,7 +292,8 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     """Check every key of the composed config; returns the typed sections.
 
     Returns:
-        ``run`` (:class:`RunConfig`), ``rollout`` (the core's
+        ``run`` (:class:`RunConfig`), ``preregistration`` (a
+        :class:`~creditlab.preregistration.Preregistration` or None), ``rollout`` (the core's
         :class:`~creditlab.types.RolloutConfig`), ``loss``, ``eval``, ``model``, ``(class, config)``
         per part kind (the rollout strategy's under ``rollout_strategy``), and ``launch`` (the
         :class:`~creditlab.layout.LaunchPlan`) when there is a ``trainer`` section.
@@ -299,6 +303,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         RegistryError: Unknown or broken plug-in.
     """
     known = {f.name for f in fields(RunConfig)} | set(SECTIONS) | set(PART_KINDS) | set(LIBRARY_SECTIONS)
+    known |= set(DECLARATIONS)
     for key in cfg:
         if key not in known:
             hint = closest(str(key), sorted(known))
@@ -310,6 +315,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     check_ranges(cfg)
     top = {k: _plain(cfg[k]) for k in cfg if k in {f.name for f in fields(RunConfig)}}
     out: dict[str, Any] = {"run": build_config(RunConfig, top, "config")}
+    out["preregistration"] = parse_preregistration(_plain(cfg.get("preregistration")))
     core, strategy_name, strategy, strategy_config = _rollout_section(dict(_plain(cfg.get("rollout", {})) or {}))
     out["rollout"] = core
     for name, schema in SECTIONS.items():

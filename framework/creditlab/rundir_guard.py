@@ -43,6 +43,9 @@ RESUME_FREE_KEYS = (
     "logger", "tags", "trainer.enable_progress_bar", "trainer.enable_model_summary",
     "trainer.log_every_n_steps",
 )
+#: Keys added to ``conf/train.yaml`` after runs existed, with the value a ``config.yaml`` written
+#: before them means by leaving them out (a resume of such a run sees no difference).
+ADDED_KEYS = {"preregistration": None}
 MISMATCH_MODES = ("refuse", "allow")
 SHOWN_DIFFS = 4
 
@@ -200,7 +203,8 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in sorted(set(a) | set(b)):
         if key == "hydra" or key.startswith("hydra.") or any(key == f or key.startswith(f + ".") for f in RESUME_FREE_KEYS):
             continue
-        if a.get(key, _MISSING) != b.get(key, _MISSING):
+        absent = ADDED_KEYS.get(key, _MISSING)
+        if a.get(key, absent) != b.get(key, absent):
             out.append(f"{key}: {_short(a.get(key, _MISSING))} -> {_short(b.get(key, _MISSING))}")
     return out
 

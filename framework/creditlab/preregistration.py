@@ -1,0 +1,180 @@
+"""A comparison declared before its runs (DESIGN.md section 9): the ``preregistration`` block.
+
+A sweep sets it (a ``# @package _global_`` sweep file, or an override), so every run's resolved
+``config.yaml`` records it; ``creditlab compare`` reads it back and tests exactly what it declares
+(:mod:`creditlab.confirmatory`), labelling every other number exploratory::
+
+    preregistration:
+      name: decomposition_trap            # free text
+      metric: eval/sample_accuracy        # the primary metric (an evaluation metric)
+      budgets: [steps, tokens/generated]  # one or more of BUDGETS
+      by: method                          # the grouping key(s) (compare's --by)
+      baseline: grpo
+      contrasts:                          # each tested against the baseline
+        - {group: oracle_credit, expect: greater}   # greater | less | none (no difference)
+      alpha: 0.05
+      min_seeds: 8
+
+:func:`parse` checks a block before anything loads (``creditlab train`` calls it through
+:func:`creditlab.config.validate`): an unknown key, a budget that is not an axis, an expectation
+that is not one of three, ends with one line naming the valid choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from creditlab.errors import ConfigError, closest
+
+#: Budget axes: ``steps`` compares the runs' last evaluations (equal RL steps); the others are
+#: cumulative counters, compared at exactly equal budgets (:mod:`creditlab.budgets`).
+BUDGETS = ("steps", "tokens/generated", "tokens/trained", "time/train_s")
+EXPECTATIONS = ("greater", "less", "none")
+KEYS = ("name", "metric", "budgets", "by", "baseline", "contrasts", "alpha", "min_seeds")
+REQUIRED = ("metric", "budgets", "baseline", "contrasts")
+CONTRAST_KEYS = ("group", "expect")
+#: Seeds a claim needs: with n paired seeds the exact sign-flip test cannot go below 2/2^n,
+#: 0.0078 at 8 (0.0625 at 5), room for a Holm correction over a few contrasts at alpha 0.05.
+CLAIM_SEEDS = 8
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One declared test: ``group`` against the baseline, with the stated prediction ``expect``
+    (``greater``, ``less``, or ``none``: no difference)."""
+
+    group: str
+    expect: str
+
+
+@dataclass(frozen=True)
+class Preregistration:
+    """A validated ``preregistration`` block (see the module doc for the keys)."""
+
+    metric: str
+    budgets: tuple[str, ...]
+    baseline: str
+    contrasts: tuple[Contrast, ...]
+    by: tuple[str, ...] = ("method",)
+    alpha: float = 0.05
+    min_seeds: int = CLAIM_SEEDS
+    name: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The block in its YAML form (``compare.json``, and what two declarations are compared by)."""
+        return {"name": self.name, "metric": self.metric, "budgets": list(self.budgets), "by": list(self.by),
+                "baseline": self.baseline, "contrasts": [{"group": c.group, "expect": c.expect} for c in self.contrasts],
+                "alpha": self.alpha, "min_seeds": self.min_seeds}
+
+
+def _fail(where: str, message: str) -> ConfigError:
+    return ConfigError(f"{where}: {message}")
+
+
+def _unknown(where: str, key: Any, valid: tuple[str, ...]) -> ConfigError:
+    hint = closest(str(key), list(valid))
+    return _fail(where, f"unknown key '{key}'." + (f" Did you mean '{hint}'?" if hint else "")
+                 + f" Valid keys: {', '.join(valid)}.")
+
+
+def _name(value: Any, where: str) -> str:
+    """A group name: a non-empty string (a number, as Hydra may read ``1``, becomes its text)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
+        raise _fail(where, f"must be a group name (a non-empty string), got {value!r}.")
+    return str(value)
+
+
+def _strings(value: Any, where: str, what: str) -> tuple[str, ...]:
+    """A string (comma-separated) or a non-empty list of strings."""
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) and v for v in items):
+        raise _fail(where, f"must be {what} or a list of them, got {value!r}.")
+    return tuple(items)
+
+
+def _contrast(item: Any, where: str) -> Contrast:
+    if not isinstance(item, dict):
+        raise _fail(where, f"must be a mapping {{group: <name>, expect: greater|less|none}}, got {item!r}.")
+    for key in item:
+        if key not in CONTRAST_KEYS:
+            raise _unknown(where, key, CONTRAST_KEYS)
+    if "group" not in item:
+        raise _fail(where, "needs a group: {group: <name>, expect: greater|less|none}.")
+    expect = item.get("expect")
+    if expect not in EXPECTATIONS:
+        hint = closest(str(expect), list(EXPECTATIONS))
+        raise _fail(f"{where}.expect", f"{expect!r} is not a prediction." + (f" Did you mean '{hint}'?" if hint else "")
+                    + f" Choose one of: {', '.join(EXPECTATIONS)} (none = no difference expected).")
+    return Contrast(_name(item["group"], f"{where}.group"), expect)
+
+
+def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
+    """Validate a ``preregistration`` block (a plain mapping, or None: no declaration).
+
+    Raises:
+        ConfigError: One line naming the key, what is wrong and the valid choices.
+    """
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        raise _fail(where, f"must be a mapping with keys {', '.join(KEYS)} (or null), got {block!r}.")
+    for key in block:
+        if key not in KEYS:
+            raise _unknown(where, key, KEYS)
+    missing = [k for k in REQUIRED if block.get(k) is None]
+    if missing:
+        raise _fail(where, f"missing {', '.join(missing)} (required: {', '.join(REQUIRED)}).")
+    metric = block["metric"]
+    if not isinstance(metric, str) or not metric.startswith("eval/"):
+        raise _fail(f"{where}.metric", f"must be an evaluation metric such as eval/pass@1 or eval/sample_accuracy, "
+                    f"got {metric!r}.")
+    budgets = _strings(block["budgets"], f"{where}.budgets", "a budget axis")
+    for b in budgets:
+        if b not in BUDGETS:
+            hint = closest(b, list(BUDGETS))
+            raise _fail(f"{where}.budgets", f"'{b}' is not a budget axis." + (f" Did you mean '{hint}'?" if hint else "")
+                        + f" Budget axes: {', '.join(BUDGETS)}.")
+    if len(set(budgets)) < len(budgets):
+        raise _fail(f"{where}.budgets", f"lists an axis twice: {', '.join(budgets)}.")
+    contrasts = block["contrasts"]
+    if not isinstance(contrasts, (list, tuple)) or not contrasts:
+        raise _fail(f"{where}.contrasts", f"must be a non-empty list of {{group: <name>, expect: greater|less|none}}, "
+                    f"got {contrasts!r}.")
+    parsed = tuple(_contrast(c, f"{where}.contrasts[{i}]") for i, c in enumerate(contrasts))
+    baseline = _name(block["baseline"], f"{where}.baseline")
+    groups = [c.group for c in parsed]
+    if baseline in groups or len(set(groups)) < len(groups):
+        twice = baseline if baseline in groups else next(g for g in groups if groups.count(g) > 1)
+        raise _fail(f"{where}.contrasts", f"group '{twice}' is " + ("the baseline" if twice == baseline else "listed twice")
+                    + ": each contrast tests one other group against the baseline once.")
+    alpha = block.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise _fail(f"{where}.alpha", f"must be a number in (0, 1), got {alpha!r}.")
+    min_seeds = block.get("min_seeds", CLAIM_SEEDS)
+    if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
+        raise _fail(f"{where}.min_seeds", f"must be an integer >= 2, got {min_seeds!r}.")
+    name = block.get("name") or ""
+    by = _strings(block.get("by", "method"), f"{where}.by", "a config key")
+    return Preregistration(metric, budgets, baseline, parsed, by, float(alpha), min_seeds, str(name))
+
+
+def load(path: str | Path) -> Preregistration:
+    """The declaration in a YAML file: a top-level ``preregistration:`` block, or the block itself.
+
+    Raises:
+        ConfigError: The file cannot be read, holds no block, or the block is invalid.
+    """
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--prereg {path}: cannot read it ({type(exc).__name__}: {exc})") from None
+    if isinstance(data, dict) and "preregistration" in data:
+        data = data["preregistration"]
+    out = parse(data, f"--prereg {path}")
+    if out is None:
+        raise ConfigError(f"--prereg {path}: the file declares nothing (preregistration: null)")
+    return out
