@@ -3,7 +3,8 @@
 ``creditlab train [overrides] [-m]`` checks the overrides first (composing the config and
 validating every section and plug-in name), so mistakes end with one clear line naming the fix
 instead of a traceback; then it hands over to Hydra, which runs one job or a multirun sweep.
-``creditlab compare RUN_DIR...`` aggregates finished runs into a report (docs/comparing.md).
+``creditlab compare RUN_DIR...`` aggregates finished runs into a report (docs/comparing.md;
+its options: :mod:`creditlab.cli_compare`).
 
 Each subcommand imports its heavy modules when it runs (the training stack imports Lightning,
 ~11 s on a 2-core machine; the report, matplotlib and scipy): the one place in the core where an
@@ -13,11 +14,10 @@ import sits inside a function for another reason than an optional dependency, so
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
@@ -35,7 +35,8 @@ from creditlab.compose import (
     split_searchpath,
 )
 from creditlab.config import PART_KINDS, check_machine, validate
-from creditlab.errors import ConfigError, RegistryError, closest
+from creditlab.cli_compare import main as compare
+from creditlab.errors import ArgumentParser, ConfigError, RegistryError, closest, exit_with
 from creditlab.memory import GIB, PHASE_PARTS, plan_run
 from creditlab.registry import REGISTRIES, conf_entries
 from creditlab.rundir_guard import RunDirError, check_run_dir
@@ -45,9 +46,6 @@ HYDRA_FLAGS_WITH_VALUE = {
     "--package", "-p", "--experimental-rerun",
 }
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
-def _error(message: str) -> NoReturn:
-    print(f"creditlab: error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def _sweep_variants(overrides: list[str]) -> list[list[str]]:
@@ -168,12 +166,12 @@ def check(overrides: list[str], machine: bool = True) -> Any:
     try:
         variants = _sweep_variants(overrides)
     except OverrideParseException:
-        _error(_unparsable(overrides))
+        exit_with(_unparsable(overrides))
     for variant in variants:
         try:
             cfg = compose(variant)
         except (HydraException, OmegaConfBaseException, ValueError) as exc:
-            _error(_explain(exc, variant))
+            exit_with(_explain(exc, variant))
         # A launcher other than Hydra's basic one runs the jobs elsewhere (e.g. SLURM GPU nodes).
         here = not any(o.lstrip("+~").startswith("hydra/launcher=") and not o.endswith("=basic") for o in variant)
         try:
@@ -181,7 +179,7 @@ def check(overrides: list[str], machine: bool = True) -> Any:
             if here and machine and "launch" in checked:
                 check_machine(cfg, checked["launch"])
         except (ConfigError, RegistryError) as exc:
-            _error(str(exc))
+            exit_with(str(exc))
         first = first if first is not None else cfg
     return first
 
@@ -192,7 +190,7 @@ def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
     try:
         plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens)
     except (ConfigError, RegistryError) as exc:
-        _error(str(exc))
+        exit_with(str(exc))
     console = Console(width=120)
     facts = Table(title="creditlab train --dry-run", show_header=False)
     for key, value in resolved:
@@ -222,7 +220,7 @@ def train(argv: list[str]) -> None:
         i = argv.index("--prompt-tokens")
         value = argv[i + 1] if i + 1 < len(argv) else ""
         if not dry or not value.isdigit():
-            _error("--prompt-tokens N (the longest prompt in tokens, an integer) goes with --dry-run")
+            exit_with("--prompt-tokens N (the longest prompt in tokens, an integer) goes with --dry-run")
         tokens, argv = int(value), argv[:i] + argv[i + 2 :]
     argv = [a for a in argv if a != "--dry-run"]
     overrides, skip, first = [], False, None
@@ -243,7 +241,7 @@ def train(argv: list[str]) -> None:
             try:
                 check_run_dir(cfg.run_dir)
             except RunDirError as exc:
-                _error(str(exc))
+                exit_with(str(exc))
     from creditlab.hydra_main import main as hydra_main  # the training stack (see the module doc)
 
     # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides
@@ -281,56 +279,9 @@ def plugins(argv: list[str]) -> None:
         print(f"creditlab: plug-in unusable: {line}", file=sys.stderr)
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    """argparse, but errors end like the rest of the CLI: ``creditlab: error: ...``, exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        _error(message)
-
-
-def compare(argv: list[str]) -> None:
-    """Aggregate run directories over seeds, test each group against a baseline, write a report."""
-    parser = _ArgumentParser(
-        prog="creditlab compare",
-        description="Compare runs grouped by config keys (seeds are the replicates): tables, learning curves "
-        "with 95% confidence bands and exact sign-flip tests against a baseline. See docs/comparing.md.",
-    )
-    parser.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories or folders holding them (e.g. multirun/<date>)")
-    parser.add_argument("--by", default="method", help="comma-separated config keys defining a group (default: method)")
-    parser.add_argument("--baseline", default=None, help="group to test against (default: grpo if present, else the first group)")
-    parser.add_argument("--threshold", type=float, default=None, help="accuracy for tokens-to-threshold (default: the baseline's final mean)")
-    parser.add_argument("--metric", default="eval/pass@1", help="evaluation metric (default: eval/pass@1)")
-    parser.add_argument("--out", default="compare", help="output folder (default: ./compare)")
-    parser.add_argument("--bootstrap", type=int, default=10000, help="resamples for bootstrap intervals and Monte Carlo tests (default: 10000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of those resamples (default: 0)")
-    parser.add_argument("--include-unfinished", action="store_true",
-                        help="also count running, killed, crashed and partial runs that have evaluations")
-    parser.add_argument("--at-equal", default=None, metavar="KEY",
-                        help="compare each pair of runs at an equal budget of a cumulative counter, e.g. tokens/trained "
-                        "(default: at their last evaluations)")
-    args = parser.parse_args(argv)
-    by = [k.strip() for k in args.by.split(",") if k.strip()]
-    if not by:
-        _error("--by needs at least one config key, e.g. --by method or --by method,rollout.split")
-    if args.bootstrap < 1:
-        _error(f"--bootstrap must be a positive number of resamples, got {args.bootstrap}")
-
-    from creditlab.compare import CompareError  # the report's modules (see the module doc)
-    from creditlab.compare import compare as run_compare
-    from creditlab.report import print_summary, write_report
-
-    try:
-        result = run_compare(args.paths, by, args.baseline, args.threshold, args.metric, args.bootstrap,
-                             args.seed, args.include_unfinished, args.at_equal)
-    except CompareError as exc:
-        _error(str(exc))
-    print_summary(result, write_report(result, args.out))
-
-
 def credit_bench(argv: list[str]) -> None:
     """Score every estimator and reset selector against Monte-Carlo ground truth (docs/credit-bench.md)."""
-    parser = _ArgumentParser(
+    parser = ArgumentParser(
         prog="creditlab credit-bench",
         description="Sample groups, value every thought boundary by K Monte-Carlo continuations, and score each "
         "advantage estimator and reset selector against that truth, without training. Other arguments are "
@@ -348,7 +299,7 @@ def credit_bench(argv: list[str]) -> None:
     parser.add_argument("--out", default="credit-bench", help="report folder (default: ./credit-bench)")
     args, overrides = parser.parse_known_args(argv)
     if unknown := [o for o in overrides if o.startswith("-")]:
-        _error(f"unknown option {unknown[0]}; see creditlab credit-bench --help")
+        exit_with(f"unknown option {unknown[0]}; see creditlab credit-bench --help")
 
     from creditlab.creditbench import Bench, BenchSettings, print_table, write_report
 
@@ -362,9 +313,9 @@ def credit_bench(argv: list[str]) -> None:
             task = bar.add_task("Monte-Carlo continuations", total=None)
             result = bench.run(lambda done, total: bar.update(task, completed=done, total=total))
     except (HydraException, OmegaConfBaseException) as exc:
-        _error(_explain(exc, overrides))
+        exit_with(_explain(exc, overrides))
     except (ConfigError, RegistryError, ValueError) as exc:
-        _error(str(exc))
+        exit_with(str(exc))
     result.settings["command"] = "creditlab credit-bench " + " ".join(argv)
     print_table(result, paths=write_report(result, args.out))
 

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from creditlab import significance, stats
+from creditlab.confirmatory import Preregistered, declaration, resolve, run_declared
+from creditlab.curves import REWARD_SMOOTHING, Band, aggregate_curve
 from creditlab.errors import closest
+from creditlab.preregistration import CLAIM_SEEDS, Preregistration
 from creditlab.problem_records import (
+    MIN_SEEDS_FOR_P,
     ProblemTest,
     check_budget_key,
     matched_steps,
@@ -48,25 +51,6 @@ STEP_TIME = "time/step_s"
 TESTED = {"final": "final accuracy", "auc": "AUC"}
 #: A test whose smallest possible p is above this says in its note that it cannot reach it.
 ALPHA = 0.05
-
-
-@dataclass
-class Band:
-    """A learning curve averaged over seeds: mean and 95% t half-width at each ``x``.
-
-    Attributes:
-        x: Grid (RL steps the seeds share, or an even grid over the range they all cover).
-        mean: Mean over seeds at each point.
-        half: 95% t half-width (nan with one seed).
-        n: Seeds.
-        interpolated: Whether seeds were linearly interpolated onto ``x``.
-    """
-
-    x: np.ndarray
-    mean: np.ndarray
-    half: np.ndarray
-    n: int
-    interpolated: bool
 
 
 @dataclass
@@ -105,12 +89,14 @@ class GroupStats:
 
 @dataclass
 class Test:
-    """A test of one group against the baseline on one per-seed quantity (``None``: too few runs)."""
+    """A test of one group against the baseline on one per-seed quantity (``None``: too few runs);
+    ``p_holm``: Holm-adjusted over every test of the table (None with the correction off)."""
 
     label: str
     quantity: str
     result: significance.DiffTest | None
     note: str
+    p_holm: float | None = None
 
 
 @dataclass
@@ -124,49 +110,11 @@ class Comparison:
     curves: dict[tuple[str, str], dict[str, Band]]
     warnings: list[str]
     problem_tests: list[ProblemTest] = field(default_factory=list)
+    prereg: Preregistered | None = None
 
     @property
     def baseline(self) -> str:
         return self.settings["baseline"]
-
-
-#: Train reward curves: trailing mean over this many logged steps.
-REWARD_SMOOTHING = 10
-
-
-def _trailing_mean(ys: list[float], window: int) -> list[float]:
-    """Mean of each value and up to ``window - 1`` values before it."""
-    out, total = [], 0.0
-    for i, y in enumerate(ys):
-        total += y - (ys[i - window] if i >= window else 0.0)
-        out.append(total / min(i + 1, window))
-    return out
-
-
-def aggregate_curve(runs: list[Run], metric: str, axis: str, smooth: int = 1) -> Band | None:
-    """Average ``metric`` over ``runs`` against ``axis``.
-
-    On the step axis the seeds are aligned on the RL steps they all logged (no interpolation).
-    Otherwise (tokens, time; or steps the seeds do not share) each seed is linearly interpolated
-    onto an even 100-point grid over the x-range every seed covers: no extrapolation. ``smooth``
-    > 1 first replaces each seed's values by their trailing mean over that many points (the
-    per-step train reward of 64 samples is noisy).
-    """
-    curves = [c for c in (r.curve(metric, axis) for r in runs) if c[0]]
-    if smooth > 1:
-        curves = [(xs, _trailing_mean(list(ys), smooth)) for xs, ys in curves]
-    if not curves:
-        return None
-    if axis == "step":
-        shared = sorted(set.intersection(*(set(xs) for xs, _ in curves)))
-        if len(shared) >= 2 or max(len(xs) for xs, _ in curves) == 1:
-            matrix = np.array([[dict(zip(xs, ys))[s] for s in shared] for xs, ys in curves])
-            return Band(np.array(shared, dtype=float), *stats.band(matrix), len(curves), False) if shared else None
-    grid = stats.common_grid(curves)
-    if not len(grid):
-        return None
-    matrix = np.array([stats.resample(xs, ys, grid) for xs, ys in curves])
-    return Band(grid, *stats.band(matrix), len(curves), True)
 
 
 def _credit(runs: list[Run]) -> dict[str, stats.MeanCI]:
@@ -248,11 +196,11 @@ def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: in
 
 
 def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: str | None, resamples: int,
-                  seed: int) -> tuple[list[ProblemTest], list[Test]]:
+                  seed: int, records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[list[ProblemTest], list[Test]]:
     """Per non-baseline group: the seeds x problems test (:mod:`creditlab.problem_records`) where
     the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the seed-level
-    sign-flip test of the metric at the budget-matched evaluations."""
-    records = {r.path: read_records(r.path) for g in groups for r in g.used}
+    sign-flip test of the metric at the budget-matched evaluations. ``records``: ``run path ->
+    read_records(run path)``."""
     out, at_budget = [], []
     for g in groups:
         if g is base:
@@ -307,25 +255,63 @@ def _check_metric(runs: list[Run], metric: str) -> None:
         )
 
 
+def _claims(groups: list[GroupStats], base: GroupStats) -> list[str]:
+    """A warning per contrast with fewer than :data:`CLAIM_SEEDS` paired seeds: its exact floor."""
+    out = []
+    for g in groups:
+        paired, gv, _, _ = _pairing(g, base, "final") if g is not base else (None, [], [], "")
+        if paired and len(gv) < CLAIM_SEEDS:
+            out.append(f"'{g.label}' vs '{base.label}': {len(gv)} paired seeds, so the exact seed-level test cannot go "
+                       f"below p = 2/2^{len(gv)} = {2 / 2 ** len(gv):.3g}; claims need >= {CLAIM_SEEDS} seeds "
+                       f"(floor 2/2^{CLAIM_SEEDS} = {2 / 2 ** CLAIM_SEEDS:.2g})")
+    return out
+
+
+def _holm(items: list[Any], p_values: list[float | None]) -> None:
+    """Set ``p_holm`` of each item that has a p, Holm over those (the table's family)."""
+    family = [(item, p) for item, p in zip(items, p_values) if p is not None]
+    for (item, _), adjusted in zip(family, significance.holm([p for _, p in family])):
+        item.p_holm = adjusted
+
+
+def _declared(decl: Preregistration | None, source: str, by: list[str] | tuple[str, ...] | None,
+              baseline: str | None, metric: str | None) -> tuple[list[str], str | None, str]:
+    """``by``, ``baseline`` and ``metric``: the declaration's where one is given and not overridden;
+    a ``by`` or ``baseline`` other than the declared one would not test it (CompareError)."""
+    if decl is None:
+        return list(by or ["method"]), baseline, metric or "eval/pass@1"
+    for flag, given, declared in (("--by", ",".join(by or []), ",".join(decl.by)), ("--baseline", baseline, decl.baseline)):
+        if given and given != declared:
+            raise CompareError(f"{flag} {given}: the pre-registration ({source}) declares {declared}; drop {flag}, "
+                               "or add --no-prereg for an exploratory comparison")
+    return list(decl.by), decl.baseline, metric or decl.metric
+
+
 def compare(
     paths: list[str | Path],
-    by: list[str] | tuple[str, ...] = ("method",),
+    by: list[str] | tuple[str, ...] | None = None,
     baseline: str | None = None,
     threshold: float | None = None,
-    metric: str = "eval/pass@1",
+    metric: str | None = None,
     resamples: int = 10000,
     seed: int = 0,
     include_unfinished: bool = False,
     at_equal: str | None = None,
+    prereg: str | Path | None = None,
+    use_prereg: bool = True,
+    holm: bool = True,
 ) -> Comparison:
-    """Find, read, group and aggregate runs; test each group against the baseline.
+    """Find, read, group and aggregate runs; test each group against the baseline, and what the
+    runs declared (:mod:`creditlab.confirmatory`).
 
     Args:
         paths: Run directories and/or folders holding them (searched recursively).
-        by: Config keys whose values define a group (dotted, e.g. ``advantage.std``).
-        baseline: Group label to test against (default: ``grpo`` if present, else the first group).
+        by: Config keys whose values define a group (dotted, e.g. ``advantage.std``; default: the
+            declared ``by``, else ``method``).
+        baseline: Group label to test against (default: the declared baseline, else ``grpo`` if
+            present, else the first group).
         threshold: Accuracy for tokens-to-threshold (default: the baseline's final mean).
-        metric: The evaluation metric (``eval/pass@1``).
+        metric: The evaluation metric (default: the declared metric, else ``eval/pass@1``).
         resamples: Bootstrap resamples (IQM intervals; difference intervals from 20 seeds) and
             random arrangements of a Monte Carlo test (when exact enumeration is too large).
         seed: Generator seed of those draws.
@@ -333,14 +319,20 @@ def compare(
         at_equal: A cumulative counter (``tokens/trained``): the per-problem test, and a seed-level
             test beside final and AUC, compare each pair of runs at an equal budget of it
             (:func:`creditlab.problem_records.matched_steps`); None: at the last evaluations.
+        prereg: A YAML file with the declaration to test (default: the one the runs' config.yaml
+            records, if any).
+        use_prereg: False: no pre-registered section (an exploratory comparison).
+        holm: Holm-adjust the p-values of each table (and the declared family).
 
     Raises:
         CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group, an
-            ``--at-equal`` key that is not a logged cumulative counter.
+            ``--at-equal`` key that is not a logged cumulative counter, runs that declare different
+            pre-registrations (without ``prereg``), a ``by`` or ``baseline`` other than declared.
     """
-    by = list(by)
     runs = [load_run(p) for p in find_runs(paths)]
     short_names(runs)
+    decl, prereg_source = declaration(runs, prereg) if use_prereg else (None, "")
+    by, baseline, metric = _declared(decl, prereg_source, by, baseline, metric)
     _check_metric(runs, metric)
     warnings = assign_groups(runs, by)
     select_used(runs, metric, include_unfinished)
@@ -348,6 +340,9 @@ def compare(
         check_budget_key([r for r in runs if r.used] or runs, at_equal)
     warnings += config_mismatches([r for r in runs if r.used], by)
     labels = sorted({r.group for r in runs})
+    if decl is not None and resolve(decl.baseline, runs, by) is None:
+        raise CompareError(f"the pre-registered baseline '{decl.baseline}' ({prereg_source}) is no group of these "
+                           f"runs. Groups: {', '.join(labels)}.")
     base_label = _pick_baseline(labels, runs, by, baseline)
     labels = [base_label] + [lb for lb in labels if lb != base_label]
     groups = [group_stats(lb, [r for r in runs if r.group == lb], metric, resamples, seed) for lb in labels]
@@ -366,6 +361,7 @@ def compare(
                             "final accuracy mixes them")
         if not g.used:
             warnings.append(f"group '{g.label}': no usable run (see the runs table)")
+    warnings += _claims(groups, base)
     bad = [r for r in runs if r.status != "finished"]
     if bad:
         warnings.insert(0, f"{len(bad)} of {len(runs)} runs did not finish cleanly: "
@@ -375,7 +371,17 @@ def compare(
               for m in (metric, REWARD) for axis in AXES}
     settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
                 "threshold": threshold, "threshold_source": source, "resamples": resamples, "seed": seed,
-                "include_unfinished": include_unfinished, "at_equal": at_equal}
-    per_problem, at_budget = problem_tests(groups, base, metric, at_equal, resamples, seed)
-    return Comparison(settings, runs, groups, significance_tests(groups, base, resamples, seed) + at_budget, curves,
-                      warnings, per_problem)
+                "include_unfinished": include_unfinished, "at_equal": at_equal, "holm": holm,
+                "preregistration": prereg_source or None}
+    records = {r.path: read_records(r.path) for r in runs if r.used}
+    per_problem, at_budget = problem_tests(groups, base, metric, at_equal, resamples, seed, records)
+    tests = significance_tests(groups, base, resamples, seed) + at_budget
+    if holm:
+        _holm(tests, [t.result.p_value if t.result else None for t in tests])
+        _holm(per_problem, [t.result.p_value if t.result and t.result.seeds >= MIN_SEEDS_FOR_P else None
+                            for t in per_problem])
+    declared = None
+    if decl is not None:
+        declared, more = run_declared(decl, prereg_source, runs, by, base_label, records, holm, resamples, seed)
+        warnings = more + warnings
+    return Comparison(settings, runs, groups, tests, curves, warnings, per_problem, declared)

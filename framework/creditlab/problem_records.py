@@ -143,6 +143,7 @@ class ProblemTest:
         result: The crossed t-test of the per-problem differences.
         note: Pairing, outcome and anything left out.
         steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``.
+        p_holm: Holm-adjusted p over the table's tests with a p (None with the correction off).
     """
 
     label: str
@@ -150,6 +151,7 @@ class ProblemTest:
     result: CrossedTest | None
     note: str
     steps: list[tuple[Any, int, int, float]] = field(default_factory=list)
+    p_holm: float | None = None
 
 
 def _span(values: list[int]) -> str:

@@ -20,9 +20,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from creditlab.compare import TESTED, Comparison, GroupStats, Test
-from creditlab.rundirs import AXES, REWARD
 from creditlab.problem_records import MIN_SEEDS_FOR_P
-from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM, CrossedTest
+from creditlab.report_json import to_json
+from creditlab.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
+from creditlab.rundirs import AXES, REWARD
+from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
 from creditlab.stats import MeanCI
 
 PLOT_FILES = {"step": "curves_step.png", "tokens/trained": "curves_tokens_trained.png",
@@ -165,23 +167,43 @@ def group_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _holm(c: Comparison, p_holm: float | None) -> list[str]:
+    """The Holm p cell (none with ``--no-holm``)."""
+    return [("—" if p_holm is None else fmt_p(p_holm))] if c.settings.get("holm", True) else []
+
+
+def holm_sentence(c: Comparison, n: int, what: str) -> str:
+    """Which family the Holm column corrects (or that nothing is corrected)."""
+    if not c.settings.get("holm", True):
+        return (f"No correction for multiple comparisons (--no-holm): among {n} tests some p-values below 0.05 are "
+                "expected by chance.")
+    return (f"Holm p: Holm-adjusted over the {n} test(s) with a p in this table (the family: {what}); a difference "
+            "is claimed at level alpha only where it is <= alpha.")
+
+
 def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
-    header = ["group", "quantity", f"difference vs {c.baseline}", "95% t-interval", "p (two-sided)", "test, n",
-              f"95% bootstrap CI (n ≥ {BOOTSTRAP_MIN_N})", "pairing"]
-    return header, [[t.label, TESTED.get(t.quantity, t.quantity), *fmt_test(t), t.note] for t in c.tests]
+    """The seed-level tests (the primary ones): Holm p beside the raw p."""
+    holm = ["Holm p"] if c.settings.get("holm", True) else []
+    header = ["group", "quantity", f"difference vs {c.baseline}", "95% t-interval", "p (two-sided, exact)", *holm,
+              "test, n", f"95% bootstrap CI (n ≥ {BOOTSTRAP_MIN_N})", "pairing"]
+    rows = []
+    for t in c.tests:
+        diff, ci, p, test, boot = fmt_test(t)
+        rows.append([t.label, TESTED.get(t.quantity, t.quantity), diff, ci, p, *_holm(c, t.p_holm), test, boot, t.note])
+    return header, rows
 
 
 def problem_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """The per-problem (seeds x problems) tests against the baseline."""
-    header = ["group", f"difference vs {c.baseline}", "95% t-interval (crossed)", "p (two-sided, crossed t)", "df",
-              "seeds x problems", "compared at", "pairing"]
+    holm = ["Holm p"] if c.settings.get("holm", True) else []
+    header = ["group", f"difference vs {c.baseline}", "95% t-interval (crossed)", "p (two-sided, crossed t)", *holm,
+              "df", "seeds x problems", "compared at", "pairing"]
     rows = []
     for t in c.problem_tests:
         r = t.result
-        cells = (["—"] * 5 if r is None else [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]",
-                                              fmt_p(r.p_value) if r.seeds >= MIN_SEEDS_FOR_P
-                                              else f"— (needs {MIN_SEEDS_FOR_P} seeds)", f"{r.df:.3g}",
-                                              f"{r.seeds} x {r.problems}"])
+        cells = (["—"] * (5 + len(holm)) if r is None else
+                 [f"{r.diff:+.3f}", f"[{r.low:+.3f}, {r.high:+.3f}]", fmt_p(r.p_value) if r.seeds >= MIN_SEEDS_FOR_P
+                  else f"— (needs {MIN_SEEDS_FOR_P} seeds)", *_holm(c, t.p_holm), f"{r.df:.3g}", f"{r.seeds} x {r.problems}"])
         rows.append([t.label, *cells, t.at, t.note])
     return header, rows
 
@@ -206,6 +228,7 @@ def run_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 def blocks(c: Comparison, images: list[Path]) -> list[Block]:
     """The report as blocks (rendered to Markdown and HTML)."""
     s = c.settings
+    x = EXPLORATORY if c.prereg else ""
     out: list[Block] = [
         ("h1", "creditlab compare"),
         ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {', '.join(s['paths'])}: {len(c.runs)} run(s), "
@@ -213,9 +236,10 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
               f"metric {s['metric']}; threshold {_threshold(c)}; {s['resamples']} resamples (bootstrap intervals, "
               f"Monte Carlo tests), seed {s['seed']}."),
     ]
+    out += prereg_blocks(c.prereg, c.baseline) if c.prereg else []
     if c.warnings:
         out += [("h2", "Warnings"), ("ul", c.warnings)]
-    out += [("h2", "Results per group"), ("table", *group_rows(c)),
+    out += [("h2", f"{x}Results per group"), ("table", *group_rows(c)),
             ("p", "n: seeds counted. Final: each seed's last evaluation. IQM: mean of the middle 50% of the "
                   "seeds' final values (rliable; 3 seeds: their mean), its interval a bootstrap over seeds, "
                   f"shown from n={BOOTSTRAP_MIN_N}. AUC: area under the evaluation "
@@ -223,17 +247,18 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
                   "threshold: median over seeds of the tokens at the first evaluation at or above the "
                   "threshold (seeds that never reach it count as infinite). See docs/comparing.md.")]
     if c.tests:
-        out += [("h2", f"Against the baseline '{c.baseline}' (difference of means)"),
+        out += [("h2", f"{x}Against the baseline '{c.baseline}': exact seed-level tests (primary)"),
                 ("table", *test_rows(c)),
                 ("p", "p: two-sided randomization test, exact over every arrangement where they number at "
                       f"most {EXACT_LIMIT:,} (else Monte Carlo). Paired seeds: sign-flip test of the per-seed differences (n pairs: "
                       "smallest possible p 2/2^n, 0.25 for 3 seeds). Unpaired: permutation test over every "
                       "split of the pooled values. Interval: paired or Welch t-interval; a bootstrap interval "
-                      f"is added from n={BOOTSTRAP_MIN_N}, where it is no longer too narrow. No correction for "
-                      "multiple comparisons. See docs/comparing.md.")]
+                      f"is added from n={BOOTSTRAP_MIN_N}, where it is no longer too narrow. "
+                      + holm_sentence(c, sum(t.result is not None for t in c.tests), "every group x quantity here")
+                      + " See docs/comparing.md.")]
     if c.problem_tests:
         budget = c.settings.get("at_equal")
-        out += [("h2", f"Per problem against the baseline '{c.baseline}' (seeds x problems, {c.settings['metric']}, "
+        out += [("h2", f"{x}Per problem against the baseline '{c.baseline}' (secondary; seeds x problems, {s['metric']}, "
                        + (f"at equal {budget})" if budget else "at the last evaluations)")),
                 ("table", *problem_rows(c)),
                 ("p", "Every run scores the same held-out problems (eval_problems.jsonl). For each seed both "
@@ -243,11 +268,14 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
                       "variance var_seed/S + var_problem/P + var_resid/(S P) (components from the two-way ANOVA "
                       "mean squares) and Satterthwaite degrees of freedom (df), so both run-to-run and "
                       "problem-to-problem variance count; when the seeds dominate, df approaches S - 1. "
-                      f"No p below {MIN_SEEDS_FOR_P} seeds. See docs/comparing.md.")]
+                      f"No p below {MIN_SEEDS_FOR_P} seeds. It is secondary: the exact seed-level test above is the "
+                      "test; this one gains power from the problems and rests on a model. "
+                      + holm_sentence(c, sum(t.result is not None and t.result.seeds >= MIN_SEEDS_FOR_P
+                                             for t in c.problem_tests), "every group here") + " See docs/comparing.md.")]
     header, rows = credit_rows(c.groups)
-    out += [("h2", "Credit quality (train/credit/*, averaged over each run, then over seeds)")]
+    out += [("h2", f"{x}Credit quality (train/credit/*, averaged over each run, then over seeds)")]
     out += [("table", header, rows)] if rows else [("p", "No train/credit/* metrics in these runs.")]
-    out += [("h2", "Plots")] + [("img", p.name, p.stem) for p in images]
+    out += [("h2", f"{x}Plots")] + [("img", p.name, p.stem) for p in images]
     out += [("p", "Step axis: seeds aligned on the evaluation steps they share. Token and time axes: each "
                   "seed linearly interpolated onto a 100-point grid over the range every seed covers."),
             ("h2", "Runs"), ("table", *run_rows(c))]
@@ -302,48 +330,6 @@ def to_html(items: list[Block], out: Path, title: str = "creditlab compare") -> 
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def to_json(c: Comparison) -> dict[str, Any]:
-    """Machine-readable numbers (``compare.json``)."""
-    ci = lambda m: {"mean": m.mean, "ci95_half_width": m.half_width, "n": m.n}  # noqa: E731
-    iq = lambda m: {"iqm": m.value, "ci95": None if m.low is None else [m.low, m.high], "runs": m.runs,  # noqa: E731
-                    "tasks": m.tasks}
-    return {
-        "settings": c.settings,
-        "groups": [{"label": g.label, "seeds": [s for s, _ in g.values.get("final", [])], "final": ci(g.final),
-                    "final_steps": g.final_steps, "auc": ci(g.auc), "iqm": {k: iq(v) for k, v in g.iqm.items()},
-                    "tokens_to_threshold": {k: {"median": v[0], "reached": v[1]} for k, v in g.to_threshold.items()},
-                    "median_step_s": g.step_time, "credit": {k: ci(v) for k, v in g.credit.items()}}
-                   for g in c.groups],
-        "tests": [{"group": t.label, "quantity": t.quantity, "note": t.note,
-                   **({} if t.result is None else _test_json(t))}
-                  for t in c.tests],
-        "problem_tests": [{"group": t.label, "at": t.at, "note": t.note,
-                           "steps": [{"seed": s, "step": a, "baseline_step": b, "budget": None if math.isnan(x) else x}
-                                     for s, a, b, x in t.steps],
-                           **({} if t.result is None else _crossed_json(t.result))}
-                          for t in c.problem_tests],
-        "runs": [{"name": r.name, "path": str(r.path), "group": r.group, "seed": r.seed, "status": r.status,
-                  "detail": r.detail, "steps": r.steps, "max_steps": r.max_steps, "used": r.used, "reason": r.reason}
-                 for r in c.runs],
-        "warnings": c.warnings,
-    }
-
-
-def _crossed_json(r: CrossedTest) -> dict[str, Any]:
-    return {"diff": r.diff, "t_ci95": [r.low, r.high], "p_value": r.p_value if r.seeds >= MIN_SEEDS_FOR_P else None,
-            "sides": "two-sided", "test": "crossed random-effects t (seeds x problems)", "se": r.se, "df": r.df if math.isfinite(r.df) else None,
-            "variance_components": {"seed": r.var_seed, "problem": r.var_problem, "residual": r.var_resid},
-            "seeds": r.seeds, "problems": r.problems}
-
-
-def _test_json(t: Test) -> dict[str, Any]:
-    r = t.result
-    return {"diff": r.diff, "t_ci95": [r.t_low, r.t_high], "p_value": r.p_value, "p_min": r.p_min,
-            "sides": "two-sided", "test": r.test, "n": r.n, "paired": r.paired, "exact": r.exact,
-            "arrangements": r.arrangements,
-            "bootstrap_ci95": None if r.boot_low is None else [r.boot_low, r.boot_high]}
-
-
 def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
     """Write plots, ``report.md``, ``report.html`` and ``compare.json`` into ``out``."""
     out = Path(out)
@@ -360,9 +346,12 @@ def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
 def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) -> None:
     """Groups, tests and warnings as rich tables on the terminal."""
     console = console or Console(width=160)
-    for title, (header, rows) in (("creditlab compare", group_rows(c)),
-                                  (f"against baseline '{c.baseline}'", test_rows(c)),
-                                  (f"per problem against '{c.baseline}' (seeds x problems)", problem_rows(c))):
+    x = EXPLORATORY.lower() if c.prereg else ""
+    declared = [(f"pre-registered comparison ({c.prereg.source})", prereg_rows(c.prereg, c.baseline))] if c.prereg else []
+    for title, (header, rows) in (*declared, (f"{x}creditlab compare", group_rows(c)),
+                                  (f"{x}against baseline '{c.baseline}': exact seed-level tests (primary)", test_rows(c)),
+                                  (f"{x}per problem against '{c.baseline}' (secondary, seeds x problems)",
+                                   problem_rows(c))):
         if not rows:
             continue
         table = Table(title=escape(title))

@@ -353,13 +353,21 @@ def test_cli_writes_report_and_prints_table(tmp_path, capsys):
     assert "grpo (baseline)" in md and "| srpo |" in md and "CUDA out of memory" in md
     assert "neg_mass_at" in md and "0.500 ± 0.000 (n=2)" in md
     assert "data:image/png;base64," in (out / "report.html").read_text()
-    # 2 seeds, a constant shift: exact sign-flip over 4 patterns, p = 2/4; shown with its test and n
-    assert "| +0.050 | [+0.050, +0.050] | 0.5 | exact sign-flip, 2 pairs (4 arrangements; smallest possible p 0.5) | — |" in md
+    # 2 seeds, a constant shift: exact sign-flip over 4 patterns, p = 2/4; shown with its test and n.
+    # Holm over the table's 2 tests (final, AUC), both p = 0.5: 2 * 0.5 = 1, then max(1, 0.5) = 1.
+    assert "| +0.050 | [+0.050, +0.050] | 0.5 | 1 | exact sign-flip, 2 pairs (4 arrangements; smallest possible p 0.5) | — |" in md
+    assert "## Against the baseline 'grpo': exact seed-level tests (primary)" in md
+    assert "Holm p: Holm-adjusted over the 2 test(s) with a p in this table (the family: every group x quantity here)" in md
+    # fewer than 8 paired seeds: a warning with the exact floor, in the report and on the terminal
+    floor = "'srpo' vs 'grpo': 2 paired seeds, so the exact seed-level test cannot go below p = 2/2^2 = 0.5; claims need >= 8 seeds"
+    assert floor in md and "(floor 2/2^8 = 0.0078)" in md and floor in " ".join(printed.split())
     assert "no result can reach p < 0.05" in md and "0.800 (n=2, no interval below n=20)" in md
     numbers = json.loads((out / "compare.json").read_text())
     test = numbers["tests"][0]
     assert test["diff"] == pytest.approx(0.05) and (test["p_value"], test["p_min"]) == (0.5, 0.5)
     assert (test["test"], test["n"], test["sides"], test["bootstrap_ci95"]) == ("exact sign-flip", "2 pairs", "two-sided", None)
+    assert [t["p_holm"] for t in numbers["tests"]] == [1.0, 1.0] and numbers["settings"]["holm"] is True
+    assert numbers["preregistration"] is None
     assert numbers["groups"][0]["iqm"]["final"] == {"iqm": pytest.approx(0.8), "ci95": None, "runs": 2, "tasks": 1}
 
 
