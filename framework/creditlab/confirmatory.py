@@ -238,7 +238,7 @@ def run_declared(decl: Preregistration, source: str, runs: list[Run], by: list[s
             warnings.append(f"pre-registered contrast '{c.group}' vs '{baseline}': {len(pairs)} paired seed(s), fewer "
                             f"than the declared min_seeds {decl.min_seeds} (smallest possible exact p "
                             f"{2 / 2 ** len(pairs):.3g})")
-        for budget in decl.budgets:
+        for budget in decl.budgets_of(c):
             t = Declared(c.group, label, budget, c.expect)
             if label is None or not members:
                 t.note = "not tested: no such group" if label is None else f"not tested: no usable run with {decl.metric}"

@@ -12,6 +12,7 @@ A sweep sets it (a ``# @package _global_`` sweep file, or an override), so every
       baseline: grpo
       contrasts:                          # each tested against the baseline
         - {group: oracle_credit, expect: greater}   # greater | less | none (no difference)
+        - {group: srpo_oracle, expect: none, budgets: [steps, tokens/generated]}  # its own axes
       alpha: 0.05
       min_seeds: 8
 
@@ -36,7 +37,7 @@ BUDGETS = ("steps", "tokens/generated", "tokens/trained", "time/train_s")
 EXPECTATIONS = ("greater", "less", "none")
 KEYS = ("name", "metric", "budgets", "by", "baseline", "contrasts", "alpha", "min_seeds")
 REQUIRED = ("metric", "budgets", "baseline", "contrasts")
-CONTRAST_KEYS = ("group", "expect")
+CONTRAST_KEYS = ("group", "expect", "budgets")
 #: Seeds a claim needs: with n paired seeds the exact sign-flip test cannot go below 2/2^n,
 #: 0.0078 at 8 (0.0625 at 5), room for a Holm correction over a few contrasts at alpha 0.05.
 CLAIM_SEEDS = 8
@@ -44,11 +45,13 @@ CLAIM_SEEDS = 8
 
 @dataclass(frozen=True)
 class Contrast:
-    """One declared test: ``group`` against the baseline, with the stated prediction ``expect``
-    (``greater``, ``less``, or ``none``: no difference)."""
+    """One declared contrast: ``group`` against the baseline, with the stated prediction ``expect``
+    (``greater``, ``less``, or ``none``: no difference), on its own ``budgets`` axes (empty: the
+    block's)."""
 
     group: str
     expect: str
+    budgets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,11 +67,16 @@ class Preregistration:
     min_seeds: int = CLAIM_SEEDS
     name: str = ""
 
+    def budgets_of(self, contrast: Contrast) -> tuple[str, ...]:
+        """The axes ``contrast`` is tested on: its own, else the block's."""
+        return contrast.budgets or self.budgets
+
     def as_dict(self) -> dict[str, Any]:
         """The block in its YAML form (``compare.json``, and what two declarations are compared by)."""
+        contrasts = [{"group": c.group, "expect": c.expect, **({"budgets": list(c.budgets)} if c.budgets else {})}
+                     for c in self.contrasts]
         return {"name": self.name, "metric": self.metric, "budgets": list(self.budgets), "by": list(self.by),
-                "baseline": self.baseline, "contrasts": [{"group": c.group, "expect": c.expect} for c in self.contrasts],
-                "alpha": self.alpha, "min_seeds": self.min_seeds}
+                "baseline": self.baseline, "contrasts": contrasts, "alpha": self.alpha, "min_seeds": self.min_seeds}
 
 
 def _fail(where: str, message: str) -> ConfigError:
@@ -96,9 +104,22 @@ def _strings(value: Any, where: str, what: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _budgets(value: Any, where: str) -> tuple[str, ...]:
+    budgets = _strings(value, where, "a budget axis")
+    for b in budgets:
+        if b not in BUDGETS:
+            hint = closest(b, list(BUDGETS))
+            raise _fail(where, f"'{b}' is not a budget axis." + (f" Did you mean '{hint}'?" if hint else "")
+                        + f" Budget axes: {', '.join(BUDGETS)}.")
+    if len(set(budgets)) < len(budgets):
+        raise _fail(where, f"lists an axis twice: {', '.join(budgets)}.")
+    return budgets
+
+
 def _contrast(item: Any, where: str) -> Contrast:
     if not isinstance(item, dict):
-        raise _fail(where, f"must be a mapping {{group: <name>, expect: greater|less|none}}, got {item!r}.")
+        raise _fail(where, f"must be a mapping {{group: <name>, expect: greater|less|none[, budgets: [...]]}}, "
+                    f"got {item!r}.")
     for key in item:
         if key not in CONTRAST_KEYS:
             raise _unknown(where, key, CONTRAST_KEYS)
@@ -109,7 +130,8 @@ def _contrast(item: Any, where: str) -> Contrast:
         hint = closest(str(expect), list(EXPECTATIONS))
         raise _fail(f"{where}.expect", f"{expect!r} is not a prediction." + (f" Did you mean '{hint}'?" if hint else "")
                     + f" Choose one of: {', '.join(EXPECTATIONS)} (none = no difference expected).")
-    return Contrast(_name(item["group"], f"{where}.group"), expect)
+    budgets = _budgets(item["budgets"], f"{where}.budgets") if item.get("budgets") is not None else ()
+    return Contrast(_name(item["group"], f"{where}.group"), expect, budgets)
 
 
 def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
@@ -132,14 +154,7 @@ def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
     if not isinstance(metric, str) or not metric.startswith("eval/"):
         raise _fail(f"{where}.metric", f"must be an evaluation metric such as eval/pass@1 or eval/sample_accuracy, "
                     f"got {metric!r}.")
-    budgets = _strings(block["budgets"], f"{where}.budgets", "a budget axis")
-    for b in budgets:
-        if b not in BUDGETS:
-            hint = closest(b, list(BUDGETS))
-            raise _fail(f"{where}.budgets", f"'{b}' is not a budget axis." + (f" Did you mean '{hint}'?" if hint else "")
-                        + f" Budget axes: {', '.join(BUDGETS)}.")
-    if len(set(budgets)) < len(budgets):
-        raise _fail(f"{where}.budgets", f"lists an axis twice: {', '.join(budgets)}.")
+    budgets = _budgets(block["budgets"], f"{where}.budgets")
     contrasts = block["contrasts"]
     if not isinstance(contrasts, (list, tuple)) or not contrasts:
         raise _fail(f"{where}.contrasts", f"must be a non-empty list of {{group: <name>, expect: greater|less|none}}, "

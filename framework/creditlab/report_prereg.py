@@ -72,7 +72,8 @@ def prereg_blocks(p: Preregistered, baseline: str) -> list[tuple[Any, ...]]:
         ("h2", "Pre-registered comparison"),
         ("p", f"Declared in {p.source}" + (f" ('{d.name}')" if d.name else "") + f": metric {d.metric}; budget axes "
               f"{', '.join(d.budgets)}; baseline '{d.baseline}' (grouped by {', '.join(d.by)}); contrasts "
-              + "; ".join(f"{c.group} ({c.expect})" for c in d.contrasts)
+              + "; ".join(f"{c.group} ({c.expect}" + (f"; {', '.join(c.budgets)}" if c.budgets else "") + ")"
+                          for c in d.contrasts)
               + f"; alpha {d.alpha:g}; at least {d.min_seeds} seeds."),
         ("table", *prereg_rows(p, baseline)),
         ("p", "Primary test: the exact sign-flip test over the paired seeds' values of the declared metric (steps: "

@@ -126,11 +126,14 @@ def test_the_declared_settings_and_a_declaration_file(tmp_path, capsys):
             "'trap' (alpha differs) in grpo-8; none in grpo-9. Pass --prereg FILE") in err
     declared = tmp_path / "declared.yaml"
     declared.write_text("preregistration:\n  metric: eval/pass@1\n  budgets: [steps]\n  baseline: grpo\n"
-                        "  contrasts:\n    - {group: oracle, expect: greater}\n    - {group: ghost, expect: none}\n")
+                        "  contrasts:\n    - {group: oracle, expect: greater, budgets: [steps, tokens/generated]}\n"
+                        "    - {group: ghost, expect: none}\n")
     c = compare([tmp_path / "runs"], prereg=declared)
-    assert c.prereg.source == f"--prereg {declared}" and [t.group for t in c.prereg.tests] == ["oracle", "ghost"]
-    # ghost has no runs: it stays in the family as p = 1 (Holm: 2 x 2/2^8 for the oracle)
-    oracle, ghost = c.prereg.tests
+    assert c.prereg.source == f"--prereg {declared}"
+    assert [(t.group, t.budget) for t in c.prereg.tests] == [("oracle", "steps"), ("oracle", "tokens/generated"),
+                                                             ("ghost", "steps")]
+    # ghost has no runs: it stays in the family as p = 1 (Holm: 3 x 2/2^8, then max(2 x 2/2^8, that))
+    oracle, _, ghost = c.prereg.tests
     assert ghost.result is None and ghost.note == "not tested: no such group" and c.prereg.decision(ghost) == "not tested"
-    assert oracle.p_holm == pytest.approx(2 * 2 / 256) and ghost.p_holm == 1.0
+    assert oracle.p_holm == pytest.approx(3 * 2 / 256) and ghost.p_holm == 1.0
     assert any(w.startswith("pre-registered group 'ghost' has no usable run") for w in c.warnings)

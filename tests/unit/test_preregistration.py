@@ -26,6 +26,12 @@ def test_a_block_parses_with_its_defaults():
     assert parse({**BLOCK, "by": "method,rollout.split", "budgets": "time/train_s", "min_seeds": 5}).by == (
         "method", "rollout.split")
     assert parse(p.as_dict()) == p
+    # a contrast may name its own budget axes (the family: every contrast x its axes)
+    own = parse({**BLOCK, "contrasts": [{"group": "srpo_oracle", "expect": "none", "budgets": ["steps", "tokens/generated"]},
+                                        {"group": "anti_credit", "expect": "less"}], "budgets": ["steps"]})
+    assert own.contrasts[0] == Contrast("srpo_oracle", "none", ("steps", "tokens/generated"))
+    assert [own.budgets_of(c) for c in own.contrasts] == [("steps", "tokens/generated"), ("steps",)]
+    assert parse(own.as_dict()) == own and "budgets" not in own.as_dict()["contrasts"][1]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -39,7 +45,9 @@ def test_a_block_parses_with_its_defaults():
     ({"contrasts": [{"group": "a", "expect": "grater"}]}, "preregistration.contrasts[0].expect: 'grater' is not a "
      "prediction. Did you mean 'greater'? Choose one of: greater, less, none (none = no difference expected)."),
     ({"contrasts": [{"group": "a", "expected": "less"}]}, "preregistration.contrasts[0]: unknown key 'expected'. "
-     "Did you mean 'expect'? Valid keys: group, expect."),
+     "Did you mean 'expect'? Valid keys: group, expect, budgets."),
+    ({"contrasts": [{"group": "a", "expect": "less", "budgets": ["tokens"]}]}, "preregistration.contrasts[0].budgets: "
+     "'tokens' is not a budget axis. Did you mean 'tokens/trained'?"),
     ({"contrasts": [{"group": "grpo", "expect": "less"}]}, "group 'grpo' is the baseline"),
     ({"contrasts": [{"group": "a", "expect": "less"}, {"group": "a", "expect": "none"}]}, "group 'a' is listed twice"),
     ({"contrasts": []}, "preregistration.contrasts: must be a non-empty list"),
