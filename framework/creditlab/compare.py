@@ -7,7 +7,9 @@ holds every run (used or not, with its reason), the per-group statistics, the te
 baseline (:mod:`creditlab.significance`) and the aggregated learning curves. Where the runs pair by
 seed and recorded every problem's outcome (``eval_problems.jsonl``), each group is also tested
 problem by problem over seeds x problems (:mod:`creditlab.problem_records`), at the last
-evaluations or at an equal budget of a cumulative counter (``--at-equal``).
+evaluations or at an equal budget of a cumulative counter (``--at-equal``). Each table's p-values
+get a Holm-adjusted p. When the runs declared their comparison (``preregistration``), it is tested
+as declared first (:mod:`creditlab.confirmatory`); learning curves are :mod:`creditlab.curves`.
 """
 
 from __future__ import annotations

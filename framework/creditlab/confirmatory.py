@@ -136,7 +136,8 @@ def declaration(runs: list[Run], file: str | Path | None = None) -> tuple[Prereg
         parts = []
         for d, names in found.values():
             differs = [] if d is None else [k for k, v in d.as_dict().items() if first.get(k) != v]
-            what = "none" if d is None else repr(d.name or d.metric) + (f" ({', '.join(differs)} {'differs' if len(differs) == 1 else 'differ'})" if differs else "")
+            verb = "differs" if len(differs) == 1 else "differ"
+            what = "none" if d is None else repr(d.name or d.metric) + (f" ({', '.join(differs)} {verb})" if differs else "")
             parts.append(f"{what} in {_names(names)}")
         raise CompareError("the runs declare different pre-registrations: " + "; ".join(parts)
                            + ". Pass --prereg FILE to say which declaration to test (or --no-prereg).")
