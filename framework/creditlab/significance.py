@@ -296,8 +296,10 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     Simulated with seed effects dominant (``sweeps/crossed_coverage.py``, docs/comparing.md), the
     bootstrap's 95% interval covered 0.88–0.91 of the time at 5 seeds, this one 0.945–0.95 (the
     degrees of freedom are estimated from the same mean squares: slightly liberal, by at most
-    about 0.005 there); at 3 seeds 0.81–0.84 against 0.93. Closed form: no resampling, the same
-    answer every time.
+    about 0.005 there; ``S − 1`` df whenever a seed component is estimated, Hsu's conservative
+    choice, would fix that at the price of 11–19% wider intervals where problems carry much of the
+    variance); at 3 seeds 0.81–0.84 against 0.93. Closed form: no resampling, the same answer
+    every time.
 
     Args:
         d: A (seeds, problems) array (or a list of equal-length rows) of differences, ``S, P >= 2``.
