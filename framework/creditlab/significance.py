@@ -287,18 +287,18 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     ``σ²_seed = (MS_seed − MS_resid) / P`` and ``σ²_problem = (MS_problem − MS_resid) / S``, each
     set to 0 when negative. The variance of the mean is then a sum ``Σ c_i MS_i / (S P)`` (``c`` =
     (1, 1, −1) with both components positive; (0, 1, 0), (1, 0, 0) or (0, 0, 1) when clipped) and
-    its degrees of freedom are Welch–Satterthwaite's (Satterthwaite 1946)
+    its degrees of freedom are ``S − 1`` whenever a seed component is estimated (Hsu's conservative
+    choice: the fewest degrees of freedom among the positive terms, exact when the seeds dominate,
+    where ``MS_seed`` is a scaled χ²_{S−1}), else Welch–Satterthwaite's (Satterthwaite 1946)
     ``df = (Σ c_i MS_i)² / Σ (c_i MS_i)² / df_i``, ``df_i`` = S − 1, P − 1, (S − 1)(P − 1).
 
-    Why not a bootstrap: when the seeds dominate, ``df → S − 1`` and ``MS_seed`` is a scaled
-    χ²_{S−1}, so the t tails are exact where the crossed bootstrap (the pigeonhole bootstrap of
-    Owen 2007, which this replaced) has normal tails and a seed variance shrunk by ``(S − 1)/S``.
-    Simulated with seed effects dominant (``sweeps/crossed_coverage.py``, docs/comparing.md), the
-    bootstrap's 95% interval covered 0.88–0.91 of the time at 5 seeds, this one 0.945–0.95 (the
-    degrees of freedom are estimated from the same mean squares: slightly liberal, by at most
-    about 0.005 there; ``S − 1`` df whenever a seed component is estimated, Hsu's conservative
-    choice, would fix that at the price of 11–19% wider intervals where problems carry much of the
-    variance); at 3 seeds 0.81–0.84 against 0.93. Closed form: no resampling, the same answer
+    Why not a bootstrap: the crossed bootstrap (the pigeonhole bootstrap of Owen 2007, which this
+    replaced) has normal tails and a seed variance shrunk by ``(S − 1)/S``. Simulated with seed
+    effects dominant (``sweeps/crossed_coverage.py``, docs/comparing.md), its 95% interval covered
+    0.88–0.91 of the time at 5 seeds. Satterthwaite's degrees of freedom everywhere covered
+    0.945 there (estimated from the same mean squares, they run slightly liberal); with ``S − 1``
+    the interval reaches 0.95, at the price of wider intervals where problems carry much of the
+    variance and a seed component is still estimated. Closed form: no resampling, the same answer
     every time.
 
     Args:
@@ -324,7 +324,9 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     if not var > 0:
         p = 1.0 if diff == 0 else 0.0
         return CrossedTest(diff, diff, diff, p, 0.0, math.inf, var_seed, var_problem, float(ms[2]), seeds, problems)
-    df = var**2 / float((terms[coef != 0] ** 2 / dfs[coef != 0]).sum())
+    # A seed component estimated: S - 1 degrees of freedom (Hsu's conservative choice, the fewest of
+    # the positive terms'); Welch-Satterthwaite's, estimated from the same mean squares, ran liberal there.
+    df = float(seeds - 1) if var_seed > 0 else var**2 / float((terms[coef != 0] ** 2 / dfs[coef != 0]).sum())
     se = math.sqrt(var)
     half = t_quantile(df, level) * se
     p = min(1.0, 2 * float(student_t.sf(abs(diff) / se, df)))

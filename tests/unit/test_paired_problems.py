@@ -29,16 +29,17 @@ def test_crossed_test_by_hand():
     problem means 1, 2, 4.5. MS_seed = 3 (1.5² + 1.5²) / 1 = 13.5; MS_problem = 2 (1.5² + 0.5² + 2²)
     / 2 = 6.5; residuals ±0.5, ±0.5, ∓1 in each row: MS_resid = 3 / 2 = 1.5. Components: seed
     (13.5 − 1.5) / 3 = 4, problem (6.5 − 1.5) / 2 = 2.5, residual 1.5; the mean's variance
-    4/2 + 2.5/3 + 1.5/6 = 18.5/6, df = 18.5² / (13.5²/1 + 6.5²/2 + 1.5²/2) = 342.25 / 204.5."""
+    4/2 + 2.5/3 + 1.5/6 = 18.5/6 on S − 1 = 1 df (a seed component is estimated: Hsu's
+    conservative choice; Satterthwaite's would be 18.5² / (13.5²/1 + 6.5²/2 + 1.5²/2) = 1.67)."""
     d = [[0, 1, 2], [2, 3, 7]]
     assert mean_squares(d) == pytest.approx((13.5, 6.5, 1.5))
     t = crossed_test(d)
     assert (t.diff, t.seeds, t.problems) == (2.5, 2, 3)
     assert (t.var_seed, t.var_problem, t.var_resid) == pytest.approx((4.0, 2.5, 1.5))
-    assert t.se == pytest.approx(math.sqrt(18.5 / 6)) and t.df == pytest.approx(342.25 / 204.5)
-    half = scipy_stats.t.ppf(0.975, 342.25 / 204.5) * math.sqrt(18.5 / 6)
+    assert t.se == pytest.approx(math.sqrt(18.5 / 6)) and t.df == 1.0
+    half = 12.706204736174707 * math.sqrt(18.5 / 6)  # t_{0.975, 1}
     assert (t.low, t.high) == pytest.approx((2.5 - half, 2.5 + half))
-    assert t.p_value == pytest.approx(2 * scipy_stats.t.sf(2.5 / math.sqrt(18.5 / 6), 342.25 / 204.5))
+    assert t.p_value == pytest.approx(2 * scipy_stats.t.sf(2.5 / math.sqrt(18.5 / 6), 1))
 
 
 def test_a_negative_component_is_set_to_zero_and_leaves_the_sum():
