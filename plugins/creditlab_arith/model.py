@@ -24,6 +24,11 @@ against the task's step oracle); see :mod:`creditlab_arith.localization`. The de
 answers teach the format but not the skill (the model localizes at chance); ``resolve`` answers,
 used by the ``tiny_localize`` model preset, teach it (docs/methods/srpo.md).
 
+Shipped warm starts: the recipe's result differs by CPU, so the warm starts that documented
+results and the demo start from ship with creditlab as fixed bytes (:mod:`creditlab_arith.shipped`)
+and are loaded, hash-checked, whenever the resolved arguments name one; ``shipped: false`` rebuilds
+from the recipe instead.
+
 ``stop_at_pass1`` ends the warm start early, at the first check where greedy pass@1 on
 ``validation_problems`` further fresh problems (disjoint from the supervised ones and from both
 splits) reaches it. The ``tiny`` preset sets 0.5: the 1,000-step warm start sits on the steep part
@@ -51,6 +56,7 @@ from typing import Any
 
 import torch
 
+from creditlab_arith import shipped
 from creditlab_arith.answer import check
 from creditlab_arith.localization import ANSWERS, localization_example
 from creditlab_arith.task import ArithTask
@@ -82,6 +88,7 @@ DEFAULTS: dict[str, Any] = {
     "stop_at_pass1": None,
     "validation_problems": 256,
     "validate_every": 25,
+    "shipped": True,
 }
 #: Arguments added after recipe v4 that leave the checkpoint's identity alone at these values.
 _IDENTITY_DEFAULTS = ("localization_weight", "localization_answer", "stop_at_pass1")
@@ -109,7 +116,7 @@ def merge_args(recipe: str, defaults: Mapping[str, Any], args: Mapping[str, Any]
 
 #: Task options added after recipes' cache keys were first written, with their defaults: left out
 #: of a resolved task config at their default, so that existing cached checkpoints keep their keys.
-_LATER_TASK_FIELDS = {"render": "symbolic", "free_words": 0, "trap": 0.0, "trap_at": 0}
+_LATER_TASK_FIELDS = {"render": "symbolic", "free_words": 0, "trap": 0.0, "trap_at": 0, "traps": 1}
 
 
 def check_task_and_stop(recipe: str, out: dict[str, Any]) -> None:
@@ -140,6 +147,8 @@ def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     for key in _STOP_ARGS:
         if not (isinstance(out[key], int) and out[key] > 0):
             raise ValueError(f"arith_tiny: {key} must be a positive integer, got {out[key]!r}")
+    if not isinstance(out["shipped"], bool):
+        raise ValueError(f"arith_tiny: shipped must be true or false, got {out['shipped']!r}")
     if out["localization_answer"] not in ANSWERS:
         raise ValueError(
             f"arith_tiny: localization_answer must be one of {list(ANSWERS)}, got {out['localization_answer']!r}"
@@ -151,6 +160,7 @@ def checkpoint_dir(args: Mapping[str, Any] | None = None) -> Path:
     """Where the checkpoint for ``args`` lives (whether or not it exists yet)."""
     resolved = resolve_args(args)
     resolved.pop("threads")  # speed only (and float rounding): not part of the identity
+    resolved.pop("shipped")  # where the bytes come from, not what they are
     for key in _IDENTITY_DEFAULTS:  # added later: their defaults keep existing caches valid
         if resolved[key] == DEFAULTS[key]:
             resolved.pop(key)
@@ -177,13 +187,19 @@ def build_tiny_model(args: Mapping[str, Any] | None = None) -> str:
             :mod:`creditlab_arith.localization`), ``sft_problems`` (supervised
             problems, see the module doc), ``stop_at_pass1`` (stop once greedy pass@1 on
             ``validation_problems`` held-out problems, checked every ``validate_every`` steps,
-            reaches it; ``None``: train all ``steps``).
+            reaches it; ``None``: train all ``steps``), ``shipped`` (default true: when these
+            arguments name a warm start that ships with creditlab, :mod:`creditlab_arith.shipped`,
+            load those verified bytes instead of building; false rebuilds it here, which gives
+            other weights on another CPU).
 
     Returns:
         The checkpoint directory, as a string.
     """
     resolved = resolve_args(args)
-    return build_cached(checkpoint_dir(resolved), lambda tmp: _train(resolved, tmp))
+    final = checkpoint_dir(resolved)
+    if resolved["shipped"] and (folder := shipped.load(final.name)) is not None:
+        return str(folder)
+    return build_cached(final, lambda tmp: _train(resolved, tmp))
 
 
 def build_cached(final: Path, build: Callable[[Path], dict[str, Any]]) -> str:

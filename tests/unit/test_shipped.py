@@ -1,0 +1,71 @@
+"""Shipped warm starts (creditlab_arith.shipped): every preset a documented result or the demo
+starts from ships as verified bytes, a changed byte is refused, and the recipe loads them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from creditlab import InputError
+from creditlab.testing import check_config
+from creditlab_arith import model as recipe
+from creditlab_arith import shipped
+from omegaconf import OmegaConf
+
+#: The presets whose warm starts documented results and the demo depend on.
+PRESETS = {"demo": [], "credit_multi": ["experiment=credit_multi"]}
+
+
+def key_of(overrides: list[str]) -> str:
+    cfg, _ = check_config(overrides)
+    return recipe.checkpoint_dir(OmegaConf.to_container(cfg.model.recipe_args, resolve=True)).name
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_documented_preset_starts_from_shipped_verified_bytes(name, monkeypatch):
+    key = key_of(PRESETS[name])
+    assert key in shipped.manifest(), f"{name}'s warm start {key} does not ship"
+    monkeypatch.setattr(recipe, "build_cached", lambda *a, **k: pytest.fail("built instead of loading the shipped bytes"))
+    cfg, _ = check_config(PRESETS[name])
+    folder = recipe.build_tiny_model(OmegaConf.to_container(cfg.model.recipe_args, resolve=True))
+    assert folder == str(shipped.ROOT / key)
+    entry = shipped.manifest()[key]
+    assert set(entry["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert all(shipped.sha256(shipped.ROOT / key / f) == h for f, h in entry["files"].items())
+
+
+def test_the_shipped_set_stays_small():
+    total = sum(p.stat().st_size for p in shipped.ROOT.rglob("*") if p.is_file())
+    assert total < 30 * 2**20, f"shipped warm starts take {total / 2**20:.1f} MiB (budget about 25)"
+
+
+def test_a_changed_byte_is_refused_naming_the_file_and_the_way_out(tmp_path, monkeypatch, capsys):
+    key = key_of([])
+    root = tmp_path / "warm_starts"
+    shutil.copytree(shipped.ROOT / key, root / key)
+    (root / "manifest.json").write_text(json.dumps({key: shipped.manifest()[key]}))
+    monkeypatch.setattr(shipped, "ROOT", root)
+    monkeypatch.setattr(shipped, "MANIFEST", root / "manifest.json")
+    assert shipped.load(key) == root / key
+    assert "verified" in capsys.readouterr().out
+    weights = root / key / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"model.safetensors has sha256 .* the manifest says .*shipped: false"):
+        shipped.load(key)
+    weights.unlink()
+    with pytest.raises(InputError, match="has sha256 missing"):
+        shipped.load(key)
+    assert shipped.load("arith_tiny-000000000000") is None
+
+
+def test_shipped_false_rebuilds_from_the_recipe_under_the_same_key(monkeypatch):
+    calls = []
+    monkeypatch.setattr(recipe, "build_cached", lambda final, build: calls.append(final) or str(final))
+    assert recipe.build_tiny_model({"shipped": False}) == str(recipe.checkpoint_dir({}))
+    assert calls == [recipe.checkpoint_dir({})]
+    assert recipe.checkpoint_dir({"shipped": False}) == recipe.checkpoint_dir({})
+    with pytest.raises(ValueError, match="shipped must be true or false"):
+        recipe.resolve_args({"shipped": "no"})
