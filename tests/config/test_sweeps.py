@@ -12,6 +12,7 @@ import yaml
 from creditlab.compose import CONF_DIR, compose
 from creditlab.config import validate
 from creditlab_resets.buffer import parse_split
+from omegaconf import OmegaConf
 
 from tests.config.test_configs import compose_sweep_job, sweep_jobs
 
@@ -180,3 +181,32 @@ def test_trap_last_is_the_trap_sweep_with_every_trap_on_the_last_step():
             assert last[key] == base[key], key
         assert last.model == base.model
         assert {k: v for k, v in last.task.items() if k != "trap_at"} == {k: v for k, v in base.task.items() if k != "trap_at"}
+
+
+@pytest.mark.parametrize(("sweep", "traps"), [("decompose_multi", 3), ("decompose_trap", 1)])
+def test_decompose_sweeps_run_the_controls_on_equal_budgets_and_declare_their_comparison(sweep, traps):
+    """Issue 38's decomposition: grpo, the oracle reset and the four controls x 8 seeds on one warm
+    start and one budget; the pre-registered contrasts are groups of the sweep, tested against
+    grpo on sampled accuracy, and every control trains GRPO's tokens with GRPO's loss."""
+    from creditlab.preregistration import parse
+
+    cells, budgets, models, declared = set(), set(), set(), set()
+    for job in sweep_jobs(sweep):
+        cfg = compose_sweep_job(sweep, job)
+        checked = validate(cfg)
+        run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
+        cells.add((run.method, run.seed))
+        assert cfg.task.traps == traps and cfg.task.trap == 1
+        budgets.add((int(cfg.trainer.max_steps), run.prompts_per_step, rollout.group_size, rollout.max_new_tokens,
+                     loss.updates_per_batch, float(cfg.optim.lr), cfg.eval.problems, cfg.eval.every, cfg.eval.samples))
+        models.add(str(cfg.model.recipe_args))
+        if run.method in ("oracle_credit", "sham_credit", "anti_credit", "reward_flip"):
+            assert (loss.mode, loss.agg, cfg.advantage.std, cfg.advantage.eps) == ("clip", "seq-mean-token-mean", "sample", 1e-6)
+            assert cfg.rollout.group_size == 8 and cfg.reset_selector.name == "none"
+        declared.add(yaml.safe_dump(OmegaConf.to_container(cfg.preregistration)))
+    methods = ["grpo", "oracle_credit", "sham_credit", "anti_credit", "reward_flip", "srpo_oracle"]
+    assert cells == set(itertools.product(methods, range(8)))
+    assert len(budgets) == 1 and len(models) == 1 and len(declared) == 1, (budgets, models)
+    prereg = parse(yaml.safe_load(next(iter(declared))))
+    assert prereg.baseline == "grpo" and prereg.metric == "eval/sample_accuracy" and prereg.min_seeds == 8
+    assert {c.group for c in prereg.contrasts} == set(methods) - {"grpo"}
