@@ -14,7 +14,8 @@ from creditlab_arith import shipped
 from omegaconf import OmegaConf
 
 #: The presets whose warm starts documented results and the demo depend on.
-PRESETS = {"demo": [], "credit_multi": ["experiment=credit_multi"]}
+PRESETS = {"demo": [], "credit_multi": ["experiment=credit_multi"], "credit_trap": ["experiment=credit_trap"],
+           "credit_trap_last": ["experiment=credit_trap_last"]}
 
 
 def key_of(overrides: list[str]) -> str:
