@@ -210,3 +210,23 @@ def test_decompose_sweeps_run_the_controls_on_equal_budgets_and_declare_their_co
     prereg = parse(yaml.safe_load(next(iter(declared))))
     assert prereg.baseline == "grpo" and prereg.metric == "eval/sample_accuracy" and prereg.min_seeds == 8
     assert {c.group for c in prereg.contrasts} == set(methods) - {"grpo"}
+
+
+def test_place_multi_is_the_decomposition_budget_for_every_other_method():
+    """sweeps/place_multi.yaml: the six other methods x 8 seeds on credit_multi with the budgets
+    and warm start of decompose_multi (whose grpo runs are its baseline), each a declared contrast."""
+    from creditlab.preregistration import load
+
+    base = compose_sweep_job("decompose_multi", next(iter(sweep_jobs("decompose_multi"))))
+    cells = set()
+    for job in sweep_jobs("place_multi"):
+        cfg = compose_sweep_job("place_multi", job)
+        run = validate(cfg)["run"]
+        cells.add((run.method, run.seed))
+        for key in ("trainer", "eval", "prompts_per_step", "model", "task", "optim"):
+            assert cfg[key] == base[key], key
+        assert cfg.rollout.group_size == base.rollout.group_size
+        assert cfg.rollout.max_new_tokens == base.rollout.max_new_tokens
+    methods = ["rrpo", "srpo", "vineppo", "oar_g", "ibpo", "rredcot"]
+    assert cells == set(itertools.product(methods, range(8)))
+    assert [c.group for c in load(SWEEPS_DIR / "place_multi.yaml").contrasts] == methods
