@@ -111,8 +111,8 @@ class OracleCreditAdvantage(GRPOAdvantage):
         if self.placement == "anti":
             return before
         m, n = int(before.sum()), len(trained)
-        start = int(torch.randint(0, n - m + 1, (1,), generator=ctx.rng))
-        out = torch.ones(n, dtype=torch.bool)
+        start = int(torch.randint(0, n - m + 1, (1,), generator=ctx.rng, device="cpu"))
+        out = torch.ones(n, dtype=torch.bool, device=trained.device)
         out[start : start + m] = False
         return out
 
@@ -217,6 +217,6 @@ class RewardFlipAdvantage(GRPOAdvantage):
                 f"advantage=reward_flip flips rewards r -> 1 - r and needs them in [0, 1]; got "
                 f"[{float(r.min()):g}, {float(r.max()):g}]"
             )
-        flip = (torch.rand(r.shape, generator=ctx.rng) < self.config.rate).to(r.device)
+        flip = (torch.rand(r.shape, generator=ctx.rng, device="cpu") < self.config.rate).to(r.device)
         out = self.from_rewards(batch, torch.where(flip, 1 - r, r))
         return Advantages(values=out.values, metrics={**out.metrics, "flipped": Sum(int(flip.sum()))})

@@ -59,7 +59,9 @@ EXTRA = {"vineppo": ["advantage.rollouts=2"], "srpo": ["reset_selector.max_new_t
 #: Rewards that differ within a group on the small model (see the module docstring).
 SIGNAL = ["rollout.truncation=penalize", "rollout.truncation_reward=-1"]
 #: IBPO moves credit only in groups with both outcomes: a completion that ends counts as correct.
-SIGNAL_EXTRA = {"ibpo": ["rollout.success_reward=0"]}
+#: reward_flip flips r -> 1 - r and needs rewards in [0, 1]: truncation scores 0, and the flips
+#: (rate 0.25) are the signal.
+SIGNAL_EXTRA = {"ibpo": ["rollout.success_reward=0"], "reward_flip": ["rollout.truncation_reward=0"]}
 STEPS = 3
 
 
