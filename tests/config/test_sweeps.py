@@ -233,3 +233,24 @@ def test_place_multi_is_the_decomposition_budget_for_every_other_method():
     methods = ["rrpo", "srpo", "vineppo", "oar_g", "ibpo", "rredcot"]
     assert cells == set(itertools.product(methods, range(8)))
     assert [c.group for c in load(SWEEPS_DIR / "place_multi.yaml").contrasts] == methods
+
+
+def test_confirm_multi_repeats_the_decomposition_on_fresh_seeds_with_one_contrast():
+    """sweeps/confirm_multi.yaml: grpo and oracle_credit on seeds 8-19 (none of decompose_multi's),
+    every other key of the config as decompose_multi's, one declared contrast (no Holm penalty)."""
+    from creditlab.preregistration import load
+
+    base = {run: compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
+            for run in [(dict(o.split("=", 1) for o in job)["method"])]}
+    cells = set()
+    for job in sweep_jobs("confirm_multi"):
+        cfg = compose_sweep_job("confirm_multi", job)
+        run = validate(cfg)["run"]
+        cells.add((run.method, run.seed))
+        ref = base[run.method]
+        for key in ("trainer", "eval", "prompts_per_step", "model", "task", "optim", "rollout", "loss", "advantage"):
+            assert cfg[key] == ref[key], key
+    assert cells == set(itertools.product(["grpo", "oracle_credit"], range(8, 20)))
+    prereg = load(SWEEPS_DIR / "confirm_multi.yaml")
+    assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
+    assert prereg.min_seeds == 12 and prereg.baseline == "grpo"
