@@ -56,6 +56,20 @@ def test_same_seed_same_metrics_and_resume_matches(tmp_path):
     assert r == a, "a resumed run must match the uninterrupted run"
 
 
+def test_the_evaluation_cadence_changes_neither_training_nor_a_shared_evaluation(tmp_path):
+    """A run's randomness is a function of (seed, step, stream): evaluating every step or only at
+    the end leaves every training row and the last evaluation as they are (the decomposition
+    sweeps evaluate every 50 steps against a baseline that evaluated every 20)."""
+    _train(tmp_path / "often", "trainer.max_steps=4", "eval.every=1")
+    _train(tmp_path / "rarely", "trainer.max_steps=4", "eval.every=4")
+    often, rarely = (stable(read_metrics(tmp_path / d / "metrics.jsonl")) for d in ("often", "rarely"))
+    train = [[r for r in rows if "train/reward/mean" in r] for rows in (often, rarely)]
+    assert train[0] == train[1] and len(train[0]) == 4
+    evals = [{r["step"]: r for r in rows if "eval/pass@1" in r} for rows in (often, rarely)]
+    assert sorted(evals[0]) == [0, 1, 2, 3, 4] and sorted(evals[1]) == [0, 4]
+    assert evals[0][4] == evals[1][4] and evals[0][0] == evals[1][0]
+
+
 def test_dr_grpo_preset_runs(tmp_path):
     _train(tmp_path, "method=dr_grpo", "trainer.max_steps=1", "eval.every=0")
     rows = read_metrics(tmp_path / "metrics.jsonl")
