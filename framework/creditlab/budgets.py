@@ -10,19 +10,24 @@ interpolate a metric (:func:`metric_at_budget`) and every problem's outcome
 (:func:`outcomes_at_budget`: sampled accuracy ``correct / samples``, greedy 0/1 read as a
 probability), so the mean of the interpolated outcomes is the interpolated metric.
 
-``creditlab compare``'s pre-registered section compares at budgets this way; ``--at-equal``
-instead takes each run's last evaluation *within* the smaller total (:mod:`creditlab.problem_records`),
-which can hand the cheaper run up to one evaluation interval of extra budget.
+:func:`read_pair` reads a pair of runs so (or each at its last evaluation, without a budget key)
+and :func:`read_outcomes` their per-problem outcomes at the same place; :func:`paired_problem_test`
+tests a group against the baseline over seeds x problems read that way. ``creditlab compare`` uses
+them for ``--at-equal KEY`` (the per-problem test and the seed-level row) and for the
+pre-registered section's budget axes (:mod:`creditlab.confirmatory`), so both read a pair alike;
 ``sweeps/equal_tokens.py`` uses these functions too.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
-from creditlab.problem_records import outcomes
+from creditlab.problem_records import MIN_SEEDS_FOR_P, OUTCOMES, PROBLEMS_FILE, ProblemTest, outcomes
 from creditlab.rundirs import CompareError, Run
+from creditlab.significance import crossed_test
 
 V = TypeVar("V", float, dict)
 
@@ -112,3 +117,136 @@ def pair_budget(a: Run, b: Run, metric: str, key: str) -> float:
 def metric_at_budget(run: Run, metric: str, key: str, budget: float) -> float:
     """``run``'s ``metric`` at ``key = budget``, interpolated between its evaluations."""
     return at_budget(metric_values(run, metric), totals(run.rows, key), budget)
+
+
+@dataclass(frozen=True)
+class PairRead:
+    """A group's run and the baseline's run of one seed, read at the same place.
+
+    Attributes:
+        key: The budget counter; None: each run at its last evaluation.
+        budget: The budget both are read at (:func:`pair_budget`; nan without ``key``).
+        value: The run's metric there; ``base_value`` the baseline run's.
+        steps: The evaluation steps the run is read from: one (its last evaluation, or one whose
+            total is the budget) or the two around the budget; ``base_steps`` the baseline run's.
+        step: Where the run is read, in steps: between ``steps`` with the weight of the budget
+            (``93.3``: a third of the way from step 90 to 100); ``base_step`` the baseline run's.
+    """
+
+    key: str | None
+    budget: float
+    value: float
+    base_value: float
+    steps: tuple[int, ...]
+    base_steps: tuple[int, ...]
+    step: float
+    base_step: float
+
+
+def _read_from(run: Run, metric: str, key: str, budget: float) -> tuple[tuple[int, ...], float]:
+    """The evaluation steps ``run`` is read from at ``budget`` (as :func:`metric_at_budget`) and
+    the position between them."""
+    spent = totals(run.rows, key)
+    low, high, w = bracket({s: spent[s] for s in metric_values(run, metric) if s in spent}, budget)
+    return ((low,), low) if high is None or w == 0 else ((low, high), low + w * (high - low))
+
+
+def read_pair(run: Run, base: Run, metric: str, key: str | None) -> PairRead:
+    """``run`` and ``base`` at exactly equal ``key`` (:func:`pair_budget`, interpolated between
+    evaluations), or each at its last evaluation when ``key`` is None.
+
+    Raises:
+        CompareError: A run has no evaluation of ``metric``, or no ``key`` total at its last one.
+    """
+    if key is None:
+        a, b = metric_values(run, metric), metric_values(base, metric)
+        if not a or not b:
+            raise CompareError(f"run {(base if a else run).name} has no evaluation of {metric}")
+        return PairRead(None, math.nan, a[max(a)], b[max(b)], (max(a),), (max(b),), max(a), max(b))
+    at = pair_budget(run, base, metric, key)
+    (steps, step), (base_steps, base_step) = (_read_from(r, metric, key, at) for r in (run, base))
+    return PairRead(key, at, metric_at_budget(run, metric, key, at), metric_at_budget(base, metric, key, at),
+                    steps, base_steps, step, base_step)
+
+
+def read_outcomes(run: Run, records: dict[int, dict[str, Any]], metric: str, pair: PairRead,
+                  baseline: bool = False) -> dict[str, float]:
+    """The per-problem outcomes of ``run`` (``records``: its ``eval_problems.jsonl``) where
+    ``pair`` reads it (the baseline's side with ``baseline``): the record of its evaluation, or
+    :func:`outcomes_at_budget` between the records of the two evaluations around the budget.
+
+    Raises:
+        CompareError: ``run <name> has ...``: why a needed record or outcome is missing.
+    """
+    steps = pair.base_steps if baseline else pair.steps
+    for step in steps:
+        record = records.get(step)
+        if record is None or outcomes(record, metric) is None:
+            why = (f"no {PROBLEMS_FILE} (runs older than per-problem records have none)" if not records
+                   else f"no {PROBLEMS_FILE} line for step {step}" if record is None
+                   else f"no samples recorded at step {step} (eval.samples=0)")
+            raise CompareError(f"run {run.name} has {why}")
+    if pair.key is None:
+        return outcomes(records[steps[0]], metric)
+    return outcomes_at_budget({s: records[s] for s in steps}, totals(run.rows, pair.key), pair.budget, metric)
+
+
+def _span(values: list[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if lo == hi else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def describe(reads: list[PairRead]) -> str:
+    """Where the pairs are compared: ``last evaluation (steps 60–80; baseline 80)``, or
+    ``exactly equal tokens/trained = 48210–51300 (interpolated between evaluations)``."""
+    if not reads:
+        return "—"
+    if reads[0].key is not None:
+        budgets = _span([r.budget for r in reads], ".6g")
+        return f"exactly equal {reads[0].key} = {budgets} (interpolated between evaluations)"
+    g, b = _span([r.step for r in reads], "d"), _span([r.base_step for r in reads], "d")
+    return f"last evaluation ({f'step {g}' if g == b else f'steps {g}; baseline {b}'})"
+
+
+def paired_problem_test(
+    label: str, runs: dict[Any, Run], base_runs: dict[Any, Run], metric: str, key: str | None,
+    records: dict[Path, dict[int, dict[str, Any]]],
+) -> ProblemTest:
+    """Test a group against the baseline problem by problem.
+
+    For every seed ``s`` both have (``runs`` and ``base_runs`` map the paired seeds to their run)
+    and every problem ``p`` recorded by all of these runs: ``d[s, p]`` = outcome of the group's run
+    minus the baseline run's, both read by :func:`read_pair` (at exactly equal ``key``, or at
+    their last evaluations); then :func:`~creditlab.significance.crossed_test` of ``d``.
+
+    Args:
+        records: ``run path -> read_records(run path)`` (read once per run).
+
+    Raises:
+        CompareError: As :func:`read_pair`.
+    """
+    seeds = sorted(runs, key=str)
+    reads = [read_pair(runs[s], base_runs[s], metric, key) for s in seeds]
+    steps = [(s, r.step, r.base_step, r.budget) for s, r in zip(seeds, reads)]
+    at = describe(reads)
+    if metric not in OUTCOMES:
+        return ProblemTest(label, at, None, f"no per-problem test: {metric} has no per-problem outcome "
+                           f"(these have: {', '.join(OUTCOMES)})", steps)
+    try:
+        pairs = [[read_outcomes(run, records.get(run.path, {}), metric, r, side)
+                  for run, side in ((runs[s], False), (base_runs[s], True))] for s, r in zip(seeds, reads)]
+    except CompareError as exc:
+        return ProblemTest(label, at, None, f"no per-problem test: {exc}", steps)
+    shared = set.intersection(*(set(o) for pair in pairs for o in pair))
+    ids = [i for i in pairs[0][0] if i in shared]  # the test rows' order
+    if len(ids) < 2:
+        return ProblemTest(label, at, None, f"no per-problem test: the runs share {len(ids)} problem id(s), "
+                           "the test needs 2", steps)
+    result = crossed_test([[g[i] - b[i] for i in ids] for g, b in pairs])
+    total = max(len(o) for pair in pairs for o in pair)
+    note = (f"paired on seeds {', '.join(map(str, seeds))} x {len(ids)} problems; outcome {OUTCOMES[metric]}"
+            + (f"; {total - len(ids)} problem(s) not scored by every run left out" if len(ids) < total else ""))
+    if len(seeds) < MIN_SEEDS_FOR_P:
+        note += (f"; {len(seeds)} seeds: no p (below {MIN_SEEDS_FOR_P} seeds the crossed t-test covers under 95%); "
+                 "the interval is descriptive, the seed-level test is the test")
+    return ProblemTest(label, at, result, note, steps)

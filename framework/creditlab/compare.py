@@ -7,7 +7,8 @@ holds every run (used or not, with its reason), the per-group statistics, the te
 baseline (:mod:`creditlab.significance`) and the aggregated learning curves. Where the runs pair by
 seed and recorded every problem's outcome (``eval_problems.jsonl``), each group is also tested
 problem by problem over seeds x problems (:mod:`creditlab.problem_records`), at the last
-evaluations or at an equal budget of a cumulative counter (``--at-equal``). Each table's p-values
+evaluations or at exactly equal budgets of a cumulative counter, read between evaluations
+(``--at-equal``, :mod:`creditlab.budgets`). Each table's p-values
 get a Holm-adjusted p. When the runs declared their comparison (``preregistration``), it is tested
 as declared first (:mod:`creditlab.confirmatory`); learning curves are :mod:`creditlab.curves`.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 
 from creditlab import significance, stats
+from creditlab.budgets import paired_problem_test, read_pair
 from creditlab.confirmatory import Preregistered, declaration, resolve, run_declared
 from creditlab.curves import REWARD_SMOOTHING, Band, aggregate_curve
 from creditlab.errors import closest
@@ -30,10 +32,7 @@ from creditlab.problem_records import (
     MIN_SEEDS_FOR_P,
     ProblemTest,
     check_budget_key,
-    matched_steps,
-    paired_problem_test,
     read_records,
-    value_at,
 )
 from creditlab.rundirs import (
     AXES,
@@ -199,10 +198,11 @@ def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: in
 
 def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: str | None, resamples: int,
                   seed: int, records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[list[ProblemTest], list[Test]]:
-    """Per non-baseline group: the seeds x problems test (:mod:`creditlab.problem_records`) where
-    the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the seed-level
-    sign-flip test of the metric at the budget-matched evaluations. ``records``: ``run path ->
-    read_records(run path)``."""
+    """Per non-baseline group: the seeds x problems test (:func:`creditlab.budgets.paired_problem_test`)
+    where the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the
+    seed-level sign-flip test of the metric with each pair of runs read at exactly equal ``key``,
+    interpolated between evaluations (:func:`creditlab.budgets.read_pair`, as the pre-registered
+    budget axes are). ``records``: ``run path -> read_records(run path)``."""
     out, at_budget = [], []
     for g in groups:
         if g is base:
@@ -216,10 +216,8 @@ def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: 
         runs, base_runs = ({r.seed: r for r in grp.used if r.seed in common} for grp in (g, base))
         out.append(paired_problem_test(g.label, runs, base_runs, metric, key, records))
         if key:
-            steps = [(s, *matched_steps(runs[s], base_runs[s], metric, key)) for s in sorted(common, key=str)]
-            gv = [value_at(runs[s], metric, a) for s, a, _, _ in steps]
-            bv = [value_at(base_runs[s], metric, b) for s, _, b, _ in steps]
-            result = significance.paired_test(gv, bv, resamples, seed)
+            reads = [read_pair(runs[s], base_runs[s], metric, key) for s in sorted(common, key=str)]
+            result = significance.paired_test([r.value for r in reads], [r.base_value for r in reads], resamples, seed)
             note += f"; {out[-1].at}" + (f"; with {result.n} no result can reach p < {ALPHA}" if result.p_min > ALPHA else "")
             at_budget.append(Test(g.label, f"at equal {key}", result, note))
     return out, at_budget
@@ -319,8 +317,9 @@ def compare(
         seed: Generator seed of those draws.
         include_unfinished: Count running/killed/crashed/partial runs with evaluations.
         at_equal: A cumulative counter (``tokens/trained``): the per-problem test, and a seed-level
-            test beside final and AUC, compare each pair of runs at an equal budget of it
-            (:func:`creditlab.problem_records.matched_steps`); None: at the last evaluations.
+            test beside final and AUC, read each pair of runs at exactly equal totals of it, the
+            smaller of their totals at their last evaluations, interpolated between evaluations
+            (:func:`creditlab.budgets.read_pair`); None: at the last evaluations.
         prereg: A YAML file with the declaration to test (default: the one the runs' config.yaml
             records, if any).
         use_prereg: False: no pre-registered section (an exploratory comparison).

@@ -15,7 +15,7 @@ the group against the baseline on the declared metric:
 
 A run's value on the ``steps`` axis is its last evaluation; on a token or time axis each pair of
 runs is read at exactly equal budgets, interpolated between evaluations (:mod:`creditlab.budgets`),
-the metric and every problem's outcome alike.
+the metric and every problem's outcome alike, as ``--at-equal`` reads them.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from creditlab import significance
-from creditlab.budgets import metric_at_budget, metric_values, outcomes_at_budget, pair_budget, totals
+from creditlab.budgets import PairRead, metric_values, read_outcomes, read_pair
 from creditlab.errors import ConfigError
 from creditlab.preregistration import Preregistration, load, parse
-from creditlab.problem_records import MIN_SEEDS_FOR_P, OUTCOMES, outcomes
+from creditlab.problem_records import MIN_SEEDS_FOR_P, OUTCOMES
 from creditlab.rundirs import CompareError, Run
 
 #: Names listed in a message before "and N more".
@@ -152,37 +152,21 @@ def resolve(name: str, runs: list[Run], by: list[str]) -> str | None:
     return name if name in labels else values.get(name)
 
 
-def _read(run: Run, base: Run, metric: str, budget: str) -> tuple[float, float, float, Any, Any]:
-    """Both runs' metric on one budget axis, the budget, and how to read their records:
-    ``(value, baseline value, budget, (spent, step) of the run, of the baseline)``."""
-    if budget == "steps":
-        a, b = max(metric_values(run, metric)), max(metric_values(base, metric))
-        return metric_values(run, metric)[a], metric_values(base, metric)[b], float("nan"), (None, a), (None, b)
-    at = pair_budget(run, base, metric, budget)
-    return (metric_at_budget(run, metric, budget, at), metric_at_budget(base, metric, budget, at), at,
-            (totals(run.rows, budget), at), (totals(base.rows, budget), at))
+def _read(run: Run, base: Run, metric: str, budget: str) -> PairRead:
+    """Both runs on one budget axis: :func:`creditlab.budgets.read_pair` (``steps``: the last
+    evaluations), the reading ``creditlab compare --at-equal`` makes too."""
+    return read_pair(run, base, metric, None if budget == "steps" else budget)
 
 
-def _outcomes(records: dict[int, dict[str, Any]], how: Any, metric: str) -> dict[str, float] | None:
-    spent, at = how
-    if spent is None:
-        return outcomes(records[at], metric) if at in records else None
-    usable = {s: r for s, r in records.items() if outcomes(r, metric) is not None}
-    return outcomes_at_budget(usable, spent, at, metric) if usable else None
-
-
-def _per_problem(pairs: list[tuple[Run, Run]], reads: list[tuple], metric: str,
+def _per_problem(pairs: list[tuple[Run, Run]], reads: list[PairRead], metric: str,
                  records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[significance.CrossedTest | None, str]:
     if metric not in OUTCOMES:
         return None, f"{metric} has no per-problem outcome"
-    rows = []
-    for (run, base), (*_, how, base_how) in zip(pairs, reads):
-        got = []
-        for r, h in ((run, how), (base, base_how)):
-            got.append(_outcomes(records.get(r.path, {}), h, metric))
-            if got[-1] is None:
-                return None, f"run {r.name} has no per-problem record of {metric} there"
-        rows.append(got)
+    try:
+        rows = [[read_outcomes(r, records.get(r.path, {}), metric, read, side)
+                 for r, side in ((run, False), (base, True))] for (run, base), read in zip(pairs, reads)]
+    except CompareError as exc:
+        return None, str(exc)
     ids = [i for i in rows[0][0] if all(i in g and i in b for g, b in rows)]
     if len(rows) < 2 or len(ids) < 2:
         return None, "needs 2 seeds and 2 shared problems"
@@ -210,8 +194,8 @@ def _test(t: Declared, pairs: dict[Any, tuple[Run, Run]], decl: Preregistration,
     except (CompareError, ValueError) as exc:
         t.note = f"not tested: {exc}"
         return
-    t.budgets = [x[2] for x in reads] if t.budget != "steps" else []
-    t.result = significance.paired_test([x[0] for x in reads], [x[1] for x in reads], resamples, seed)
+    t.budgets = [x.budget for x in reads] if t.budget != "steps" else []
+    t.result = significance.paired_test([x.value for x in reads], [x.base_value for x in reads], resamples, seed)
     t.problem, why = _per_problem(list(pairs.values()), reads, decl.metric, records)
     t.note = f"paired on seeds {', '.join(map(str, pairs))}" + (f"; no per-problem test: {why}" if why else "")
     if t.problem is not None and len(pairs) < MIN_SEEDS_FOR_P:

@@ -13,9 +13,12 @@ for ``metrics.jsonl``)::
 ``eval.samples`` is 0). ``creditlab compare`` reads them (:mod:`creditlab.compare`) to test a
 method against the baseline over seeds x problems (:func:`creditlab.significance.crossed_test`).
 
-``--at-equal KEY`` compares two runs at the same budget of a cumulative counter instead of at
-their last evaluations: :func:`matched_steps`. :func:`paired_problem_test` builds the
-seeds x problems differences and tests them.
+``--at-equal KEY`` compares two runs at exactly the same budget of a cumulative counter
+(:data:`CUMULATIVE`, checked by :func:`check_budget_key`) instead of at their last evaluations,
+read between evaluations: :mod:`creditlab.budgets`, whose
+:func:`~creditlab.budgets.paired_problem_test` builds the seeds x problems differences and tests
+them (:class:`ProblemTest`). :func:`matched_steps` is the older rule ``sweeps/plot_horizon.py``
+still uses: each run's last evaluation *within* the smaller budget.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 from creditlab.errors import closest
 from creditlab.rundirs import AXES, CompareError, Run
-from creditlab.significance import CrossedTest, crossed_test
+from creditlab.significance import CrossedTest
 
 PROBLEMS_FILE = "eval_problems.jsonl"
 #: Counters a run logs as running totals (``--at-equal`` may name them): every x-axis but the step.
@@ -104,11 +107,14 @@ def final_total(run: Run, key: str) -> float:
 
 
 def matched_steps(a: Run, b: Run, metric: str, key: str | None) -> tuple[int, int, float]:
-    """The evaluation steps at which runs ``a`` and ``b`` are compared, and the budget.
+    """The evaluation steps at which runs ``a`` and ``b`` are compared, and the budget
+    (``sweeps/plot_horizon.py``'s rule; ``creditlab compare`` reads a pair at exactly equal budgets
+    instead, :func:`creditlab.budgets.read_pair`).
 
     Without ``key``: each run's last evaluation (budget nan). With ``key`` (a cumulative counter):
     the budget B is the smaller of the two runs' final totals, and each run is compared at its
-    last evaluation whose total is <= B (for the run with the smaller total, its last evaluation).
+    last evaluation whose total is <= B (for the run with the smaller total, its last evaluation),
+    which can hand the cheaper run up to one evaluation interval of extra budget.
 
     Raises:
         CompareError: A run has no evaluation within the budget or never logs ``key``.
@@ -139,10 +145,13 @@ class ProblemTest:
 
     Attributes:
         label: The group.
-        at: Where the runs were compared, e.g. ``last evaluation (step 80)``.
+        at: Where the runs were compared, e.g. ``last evaluation (step 80)`` or ``exactly equal
+            tokens/trained = 48210 (interpolated between evaluations)``.
         result: The crossed t-test of the per-problem differences.
         note: Pairing, outcome and anything left out.
-        steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``.
+        steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``: the
+            last evaluations (budget nan), or at a budget the position between the two
+            evaluations around it (:class:`creditlab.budgets.PairRead`).
         p_holm: Holm-adjusted p over the table's tests with a p (None with the correction off).
     """
 
@@ -150,72 +159,5 @@ class ProblemTest:
     at: str
     result: CrossedTest | None
     note: str
-    steps: list[tuple[Any, int, int, float]] = field(default_factory=list)
+    steps: list[tuple[Any, float, float, float]] = field(default_factory=list)
     p_holm: float | None = None
-
-
-def _span(values: list[int]) -> str:
-    lo, hi = min(values), max(values)
-    return str(lo) if lo == hi else f"{lo}–{hi}"
-
-
-def describe_steps(steps: list[tuple[Any, int, int, float]], key: str | None) -> str:
-    """``last evaluation (step 80)`` or ``equal tokens/trained <= 1.2e+05 (steps 60–80; baseline 80)``."""
-    if not steps:
-        return "—"
-    g, b = _span([s[1] for s in steps]), _span([s[2] for s in steps])
-    where = f"step {g}" if g == b else f"steps {g}; baseline {b}"
-    if key is None:
-        return f"last evaluation ({where})"
-    budgets = [s[3] for s in steps]
-    budget = f"{min(budgets):.4g}" if min(budgets) == max(budgets) else f"{min(budgets):.4g}–{max(budgets):.4g}"
-    return f"equal {key} <= {budget} ({where})"
-
-
-def paired_problem_test(
-    label: str, runs: dict[Any, Run], base_runs: dict[Any, Run], metric: str, key: str | None,
-    records: dict[Path, dict[int, dict[str, Any]]],
-) -> ProblemTest:
-    """Test a group against the baseline problem by problem.
-
-    For every seed ``s`` both have (``runs`` and ``base_runs`` map the paired seeds to their run)
-    and every problem ``p`` recorded by all of these runs: ``d[s, p]`` = outcome of the group's run
-    minus the baseline run's, each at the step :func:`matched_steps` picks; then
-    :func:`~creditlab.significance.crossed_test` of ``d``.
-
-    Args:
-        records: ``run path -> read_records(run path)`` (read once per run).
-    """
-    seeds = sorted(runs, key=str)
-    steps = [(s, *matched_steps(runs[s], base_runs[s], metric, key)) for s in seeds]
-    at = describe_steps(steps, key)
-    if metric not in OUTCOMES:
-        return ProblemTest(label, at, None, f"no per-problem test: {metric} has no per-problem outcome "
-                           f"(these have: {', '.join(OUTCOMES)})", steps)
-    pairs = []
-    for s, step, base_step, _ in steps:
-        pair = []
-        for run, at_step in ((runs[s], step), (base_runs[s], base_step)):
-            record = records.get(run.path, {}).get(at_step)
-            outcome = None if record is None else outcomes(record, metric)
-            if outcome is None:
-                why = (f"no {PROBLEMS_FILE} (runs older than per-problem records have none)" if not records.get(run.path)
-                       else f"no {PROBLEMS_FILE} line for step {at_step}" if record is None
-                       else f"no samples recorded at step {at_step} (eval.samples=0)")
-                return ProblemTest(label, at, None, f"no per-problem test: run {run.name} has {why}", steps)
-            pair.append(outcome)
-        pairs.append(pair)
-    shared = set.intersection(*(set(o) for pair in pairs for o in pair))
-    ids = [i for i in pairs[0][0] if i in shared]  # the test rows' order
-    if len(ids) < 2:
-        return ProblemTest(label, at, None, f"no per-problem test: the runs share {len(ids)} problem id(s), "
-                           "the test needs 2", steps)
-    d = [[g[i] - b[i] for i in ids] for g, b in pairs]
-    result = crossed_test(d)
-    total = max(len(o) for pair in pairs for o in pair)
-    note = (f"paired on seeds {', '.join(map(str, seeds))} x {len(ids)} problems; outcome {OUTCOMES[metric]}"
-            + (f"; {total - len(ids)} problem(s) not scored by every run left out" if len(ids) < total else ""))
-    if len(seeds) < MIN_SEEDS_FOR_P:
-        note += (f"; {len(seeds)} seeds: no p (below {MIN_SEEDS_FOR_P} seeds the crossed t-test covers under 95%); "
-                 "the interval is descriptive, the seed-level test is the test")
-    return ProblemTest(label, at, result, note, steps)

@@ -259,11 +259,13 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
     if c.problem_tests:
         budget = c.settings.get("at_equal")
         out += [("h2", f"{x}Per problem against the baseline '{c.baseline}' (secondary; seeds x problems, {s['metric']}, "
-                       + (f"at equal {budget})" if budget else "at the last evaluations)")),
+                       + (f"at exactly equal {budget}, interpolated between evaluations)" if budget
+                          else "at the last evaluations)")),
                 ("table", *problem_rows(c)),
                 ("p", "Every run scores the same held-out problems (eval_problems.jsonl). For each seed both "
                       "groups ran and each problem: the group's outcome minus the baseline's (greedy 0/1 for "
-                      "eval/pass@1, correct/samples for eval/sample_accuracy), at the step in 'compared at'. "
+                      "eval/pass@1, correct/samples for eval/sample_accuracy), at the step or budget in 'compared "
+                      "at' (at a budget, each run read linearly between its two evaluations around it). "
                       "Mean over seeds x problems; interval and p from a t-test with the crossed random-effects "
                       "variance var_seed/S + var_problem/P + var_resid/(S P) (components from the two-way ANOVA "
                       "mean squares) and Satterthwaite degrees of freedom (df), so both run-to-run and "

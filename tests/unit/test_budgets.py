@@ -1,5 +1,6 @@
 """creditlab.budgets: two runs read at exactly equal budgets, by hand (the interpolation
-``creditlab compare``'s pre-registered section and ``sweeps/equal_tokens.py`` share)."""
+``creditlab compare``'s pre-registered section, its ``--at-equal`` and ``sweeps/equal_tokens.py``
+share)."""
 
 import pytest
 from creditlab.budgets import (
@@ -9,6 +10,7 @@ from creditlab.budgets import (
     metric_values,
     outcomes_at_budget,
     pair_budget,
+    read_pair,
     totals,
 )
 from creditlab.rundirs import CompareError, load_run
@@ -74,6 +76,11 @@ def test_a_pair_of_runs_is_read_at_the_smaller_total(tmp_path):
     assert pair_budget(a, b, "eval/pass@1", "tokens/trained") == pair_budget(b, a, "eval/pass@1", "tokens/trained") == 400.0
     assert metric_at_budget(a, "eval/pass@1", "tokens/trained", 400.0) == pytest.approx(0.8)
     assert metric_at_budget(b, "eval/pass@1", "tokens/trained", 400.0) == pytest.approx(0.6 + 0.2 / 3)
+    pair = read_pair(a, b, "eval/pass@1", "tokens/trained")  # b a third of the way from step 2 to 4
+    assert (pair.budget, pair.value, pair.steps, pair.step, pair.base_steps) == (400.0, 0.8, (4,), 4, (2, 4))
+    assert (pair.base_value, pair.base_step) == pytest.approx((0.6 + 0.2 / 3, 2 + 2 / 3))
+    last = read_pair(a, b, "eval/pass@1", None)  # without a key: the last evaluations
+    assert (last.value, last.base_value, last.steps, last.base_steps) == (0.8, 0.8, (4,), (4,))
     # generated tokens: 150 per step for both, so both are read at their last evaluation
     assert pair_budget(a, b, "eval/pass@1", "tokens/generated") == 600.0
     a.rows = [r for r in a.rows if "tokens/trained" not in r or r["step"] < 4]  # no total at the last evaluation

@@ -1,6 +1,7 @@
 """Per-problem evaluation (issue 15 item 3): the crossed t-test over seeds x problems, budget
-matching (``--at-equal``), the per-problem records an evaluation gives, and ``creditlab compare``
-on fabricated run directories with ``eval_problems.jsonl``."""
+matching (``--at-equal``: exactly equal budgets, read between evaluations; ``matched_steps``, the
+older rule ``sweeps/plot_horizon.py`` keeps), the per-problem records an evaluation gives, and
+``creditlab compare`` on fabricated run directories with ``eval_problems.jsonl``."""
 
 import json
 import math
@@ -100,8 +101,10 @@ def test_crossed_test_needs_two_seeds_and_two_problems():
 
 
 def test_budget_matching_by_hand(tmp_path):
-    """A: 100 trained tokens per step, B: 150; both evaluate at steps 0, 2, 4. Budget = min(400,
-    600) = 400: A at its last evaluation (step 4, 400 tokens), B at step 2 (300 <= 400 < 600)."""
+    """``matched_steps`` (``sweeps/plot_horizon.py``; compare reads at exactly equal budgets, see
+    test_at_equal_reads_both_runs_at_exactly_equal_budgets). A: 100 trained tokens per step, B:
+    150; both evaluate at steps 0, 2, 4. Budget = min(400, 600) = 400: A at its last evaluation
+    (step 4, 400 tokens), B at step 2 (300 <= 400 < 600)."""
     a = load_run(make_run(tmp_path, "a", tokens=100.0))
     b = load_run(make_run(tmp_path, "b", tokens=150.0))
     assert matched_steps(a, b, "eval/pass@1", "tokens/trained") == (4, 2, 400.0)
@@ -241,10 +244,11 @@ def test_compare_reports_the_per_problem_test(tmp_path):
     assert test["steps"][0] == {"seed": 0, "step": 4, "baseline_step": 4, "budget": None}
 
 
-def test_per_problem_test_uses_sample_accuracy_and_budget_matched_steps(tmp_path):
-    """The method trains 200 tokens per step, the baseline 100: at equal trained tokens (budget
-    400) the method is compared at step 2 and the baseline at step 4. Sample accuracy: 3/4 vs 1/4
-    correct at those steps (other steps hold decoys), so d = 0.5 everywhere."""
+def test_per_problem_test_uses_sample_accuracy_at_equal_budget(tmp_path):
+    """The method trains 200 tokens per step, the baseline 100: at exactly equal trained tokens
+    (budget 400) the method is read at its step 2 (400 tokens, no interpolation needed) and the
+    baseline at step 4. Sample accuracy: 3/4 vs 1/4 correct at those steps (other steps hold
+    decoys), so d = 0.5 everywhere."""
     for seed in range(3):
         base = make_run(tmp_path, f"grpo-{seed}", "grpo", seed, tokens=100.0)
         meth = make_run(tmp_path, f"m-{seed}", "m", seed, tokens=200.0)
@@ -260,16 +264,76 @@ def test_per_problem_test_uses_sample_accuracy_and_budget_matched_steps(tmp_path
     (t,) = c.problem_tests
     assert t.result.diff == pytest.approx(0.5) and (t.result.low, t.result.high) == (0.5, 0.5)
     assert [s[1:] for s in t.steps] == [(2, 4, 400.0)] * 3
-    assert t.at == "equal tokens/trained <= 400 (steps 2; baseline 4)"
+    assert t.at == "exactly equal tokens/trained = 400 (interpolated between evaluations)"
     assert "outcome correct / samples" in t.note and "3 seeds: no p" in t.note
     row = problem_rows(c)[1][0]  # no per-problem p below 5 seeds (coverage under 95% there)
     assert row[3] == "— (needs 5 seeds)" and to_json(c)["problem_tests"][0]["p_value"] is None
     # the seed-level test at equal budget: sample accuracy at step 2 (0.6 + 0.01 s) vs at step 4 (0.8)
     budget = next(x for x in c.tests if x.quantity == "at equal tokens/trained")
     assert budget.result.diff == pytest.approx(-0.19) and budget.result.n == "3 pairs"
+    assert "; exactly equal tokens/trained = 400 (interpolated between evaluations);" in budget.note
     assert [x.quantity for x in c.tests] == ["final", "auc", "at equal tokens/trained"]
     with pytest.raises(CompareError, match="--at-equal tokens/train: not a cumulative counter. Did you mean 'tokens/trained'"):
         compare([tmp_path], at_equal="tokens/train")
+
+
+def test_at_equal_reads_both_runs_at_exactly_equal_budgets(tmp_path):
+    """Two seeds; both groups evaluate at steps 0, 2, 4. The method trains 100 tokens per step
+    (totals 0, 200, 400 at its evaluations); the baseline 90 on seed 0 (0, 180, 360) and 95 on
+    seed 1 (0, 190, 380). Budgets: min(400, 360) = 360 and min(400, 380) = 380, the baseline's
+    last evaluations, where the baseline is read. The method is read between its steps 2 (200)
+    and 4 (400) with weight w = (360 - 200) / 200 = 0.8 on step 4 for seed 0 and (380 - 200) / 200
+    = 0.9 for seed 1 (positions 2 + 2 w = 3.6 and 3.8).
+
+    Seed level (pass@1: method 0.6 at step 2, 0.8 at step 4; baseline 0.7 at step 4): seed 0
+    0.6 + 0.8 x 0.2 - 0.7 = +0.06, seed 1 0.6 + 0.9 x 0.2 - 0.7 = +0.08, mean +0.07. The old rule
+    (the last evaluation within the budget: the method's step 2 on both seeds) gave 0.6 - 0.7 = -0.10.
+
+    Per problem (4 problems, greedy 0/1 read as a probability): the method solves q0 at step 2
+    and q0-q2 at step 4, the baseline q0, q1 at step 4. Seed 0: (1, 0.8, 0.8, 0) - (1, 1, 0, 0) =
+    (0, -0.2, +0.8, 0); seed 1: (1, 0.9, 0.9, 0) - (1, 1, 0, 0) = (0, -0.1, +0.9, 0); mean over
+    the 8 cells (0.6 + 0.8) / 8 = +0.175. The old rule: (1, 0, 0, 0) - (1, 1, 0, 0) on both
+    seeds, -0.25. The pre-registered section, declared on tokens/trained, gives the same numbers."""
+    declared = {"name": "exact", "metric": "eval/pass@1", "budgets": ["tokens/trained"], "baseline": "grpo",
+                "contrasts": [{"group": "m", "expect": "greater"}], "alpha": 0.05, "min_seeds": 2}
+    cfg = {"preregistration": declared}
+    for seed, rate in ((0, 90.0), (1, 95.0)):
+        base = make_run(tmp_path, f"grpo-{seed}", "grpo", seed, evals={0: 0.5, 2: 0.6, 4: 0.7}, tokens=rate, cfg=cfg)
+        meth = make_run(tmp_path, f"m-{seed}", "m", seed, evals={0: 0.5, 2: 0.6, 4: 0.8}, tokens=100.0, cfg=cfg)
+        write_problems(base, {0: ([0, 0, 0, 0], []), 2: ([1, 0, 0, 0], []), 4: ([1, 1, 0, 0], [])})
+        write_problems(meth, {0: ([0, 0, 0, 0], []), 2: ([1, 0, 0, 0], []), 4: ([1, 1, 1, 0], [])})
+    c = compare([tmp_path], resamples=100, at_equal="tokens/trained")
+    (t,) = c.problem_tests
+    assert t.at == "exactly equal tokens/trained = 360–380 (interpolated between evaluations)"
+    assert [(s, a, b, x) for s, a, b, x in t.steps] == [(0, pytest.approx(3.6), 4, 360.0), (1, pytest.approx(3.8), 4, 380.0)]
+    by_hand = crossed_test([[0, -0.2, 0.8, 0], [0, -0.1, 0.9, 0]])
+    assert t.result.diff == pytest.approx(0.175) == pytest.approx(by_hand.diff)
+    assert (t.result.low, t.result.high) == pytest.approx((by_hand.low, by_hand.high))
+    budget = next(x for x in c.tests if x.quantity == "at equal tokens/trained")
+    assert budget.result.diff == pytest.approx(0.07) and budget.result.n == "2 pairs"
+    assert "exactly equal tokens/trained = 360–380 (interpolated between evaluations)" in budget.note
+    (declared_test,) = c.prereg.tests  # the pre-registered reading agrees with --at-equal's
+    assert declared_test.budgets == [360.0, 380.0]
+    assert declared_test.result.diff == pytest.approx(budget.result.diff)
+    assert declared_test.problem.diff == pytest.approx(t.result.diff)
+    assert to_json(c)["problem_tests"][0]["steps"][1] == {"seed": 1, "step": pytest.approx(3.8), "baseline_step": 4,
+                                                          "budget": 380.0}
+
+
+def test_at_equal_says_which_record_a_budget_needs(tmp_path):
+    """The method of seed 1 has no record at step 4, one of the two evaluations it is read
+    between at the budget 300 (its totals 0, 200, 400; the baseline's 0, 150, 300)."""
+    for seed in (0, 1):
+        write_problems(make_run(tmp_path, f"grpo-{seed}", "grpo", seed, tokens=75.0), {s: ([1, 0], []) for s in EVALS})
+        meth = make_run(tmp_path, f"m-{seed}", "m", seed, tokens=100.0)
+        write_problems(meth, {s: ([1, 1], []) for s in EVALS if seed == 0 or s < 4})
+    (t,) = compare([tmp_path], resamples=100, at_equal="tokens/trained").problem_tests
+    assert t.result is None and t.note == "no per-problem test: run m-1 has no eval_problems.jsonl line for step 4"
+    # at the last evaluations it needs step 4 as well; at the budget of generated tokens (150 per
+    # step for both: 600, their last evaluations) too
+    for key in (None, "tokens/generated"):
+        (t,) = compare([tmp_path], resamples=100, at_equal=key).problem_tests
+        assert t.note.endswith("run m-1 has no eval_problems.jsonl line for step 4")
 
 
 def test_runs_without_records_or_pairing_say_why(tmp_path, capsys):
