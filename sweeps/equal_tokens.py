@@ -4,10 +4,10 @@ read between its evaluations, interpolated linearly to the other run's final tot
     python sweeps/equal_tokens.py multirun/trap --method srpo_oracle --baseline grpo
     python sweeps/equal_tokens.py multirun/trap          # every method in the sweep against grpo
 
-`creditlab compare --at-equal` compares each run at its last evaluation *within* the smaller
-final total, which with evaluations every 20 steps can hand the cheaper method up to one
-evaluation interval of extra budget (docs/methods/positive_control.md: 20% more trained tokens
-for the oracle on `experiment=credit_trap`). Here the budget B is the smaller of the two runs'
+`creditlab compare --at-equal` reads runs the same way since issue 38; before, it took each run's
+last evaluation *within* the smaller final total, which with evaluations every 20 steps could hand
+the cheaper method up to one evaluation interval of extra budget (docs/methods/positive_control.md:
+20% more trained tokens for the oracle on `experiment=credit_trap`). Here the budget B is the smaller of the two runs'
 totals at their last evaluations; that run is read at its last evaluation, and the other run's
 per-problem outcomes at B are interpolated between its two evaluations around B (sampled
 accuracy: correct / samples; greedy: 0/1 read as a probability): :mod:`creditlab.budgets`, the
