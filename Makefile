@@ -49,7 +49,7 @@ setup:  ## .venv, exactly locks/main.txt (synced at every target: ~1 s when noth
 demo: setup  ## the embedded default: arith task + tiny local model, GRPO, on the CPU
 	$(BIN)/creditlab train $(ARGS)
 
-demo-check: setup  ## the demo on every stand-in for another CPU (seeds 0-2, AVX2 kernels); fails below +0.05
+demo-check: setup  ## the demo on every stand-in for another CPU (RL seeds 0-2, AVX2 and baseline kernels), from the shipped weights; fails below +0.05 or an interval reaching 0
 	$(BIN)/python sweeps/demo_check.py $(ARGS)
 
 test: setup  ## the whole suite (unit, contract, config, integration)

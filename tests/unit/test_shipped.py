@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 #: The presets whose warm starts documented results and the demo depend on.
 PRESETS = {"demo": [], "credit_multi": ["experiment=credit_multi"], "credit_trap": ["experiment=credit_trap"],
-           "credit_trap_last": ["experiment=credit_trap_last"], "credit_h8": ["experiment=credit_h8"]}
+           "credit_trap_last": ["experiment=credit_trap_last"], "credit_h8": ["experiment=credit_h8"],
+           "tiny_localize": ["model=tiny_localize"]}
 
 
 def key_of(overrides: list[str]) -> str:
