@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from creditlab import significance
-from creditlab.budgets import PairRead, metric_values, read_outcomes, read_pair
+from creditlab.budgets import PairRead, metric_values, paired_problem_test, read_pair
 from creditlab.errors import ConfigError
 from creditlab.preregistration import Preregistration, load, parse
-from creditlab.problem_records import MIN_SEEDS_FOR_P, OUTCOMES
+from creditlab.problem_records import MIN_SEEDS_FOR_P
 from creditlab.rundirs import CompareError, Run
 
 #: Names listed in a message before "and N more".
@@ -158,20 +158,13 @@ def _read(run: Run, base: Run, metric: str, budget: str) -> PairRead:
     return read_pair(run, base, metric, None if budget == "steps" else budget)
 
 
-def _per_problem(pairs: list[tuple[Run, Run]], reads: list[PairRead], metric: str,
+def _per_problem(pairs: dict[Any, tuple[Run, Run]], budget: str, metric: str,
                  records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[significance.CrossedTest | None, str]:
-    if metric not in OUTCOMES:
-        return None, f"{metric} has no per-problem outcome"
-    try:
-        rows = [[read_outcomes(r, records.get(r.path, {}), metric, read, side)
-                 for r, side in ((run, False), (base, True))] for (run, base), read in zip(pairs, reads)]
-    except CompareError as exc:
-        return None, str(exc)
-    ids = [i for i in rows[0][0] if all(i in g and i in b for g, b in rows)]
-    if len(rows) < 2 or len(ids) < 2:
-        return None, "needs 2 seeds and 2 shared problems"
-    d = [[g[i] - b[i] for i in ids] for g, b in rows]
-    return significance.crossed_test(d), ""
+    """The seeds x problems test of ``pairs`` on one budget axis (:func:`creditlab.budgets.paired_problem_test`,
+    as ``--at-equal`` makes it), and why there is none."""
+    runs, base = ({s: pair[i] for s, pair in pairs.items()} for i in (0, 1))
+    test = paired_problem_test("", runs, base, metric, None if budget == "steps" else budget, records)
+    return test.result, "" if test.result is not None else test.note.removeprefix("no per-problem test: ")
 
 
 def _paired(runs: list[Run], base: list[Run]) -> dict[Any, tuple[Run, Run]]:
@@ -196,7 +189,7 @@ def _test(t: Declared, pairs: dict[Any, tuple[Run, Run]], decl: Preregistration,
         return
     t.budgets = [x.budget for x in reads] if t.budget != "steps" else []
     t.result = significance.paired_test([x.value for x in reads], [x.base_value for x in reads], resamples, seed)
-    t.problem, why = _per_problem(list(pairs.values()), reads, decl.metric, records)
+    t.problem, why = _per_problem(pairs, t.budget, decl.metric, records)
     t.note = f"paired on seeds {', '.join(map(str, pairs))}" + (f"; no per-problem test: {why}" if why else "")
     if t.problem is not None and len(pairs) < MIN_SEEDS_FOR_P:
         t.note += f"; per-problem p from {MIN_SEEDS_FOR_P} seeds"
