@@ -50,14 +50,14 @@ def main() -> None:
 
     import torch
     from creditlab.accel import compile_model
-    from creditlab.aggregation import MiniBatchStats
     from creditlab.backends.hf import HFBackend
     from creditlab.config import build_parts
-    from creditlab.forward import response_logits
-    from creditlab.losses import gather_logprobs, policy_loss
     from creditlab.models import load_policy
-    from creditlab.policy import ModelPolicyHandle
-    from creditlab.rollout import RolloutSampler, collate, with_segments
+    from creditlab.step.aggregation import MiniBatchStats
+    from creditlab.step.forward import response_logits
+    from creditlab.step.losses import gather_logprobs, policy_loss
+    from creditlab.step.policy import ModelPolicyHandle
+    from creditlab.step.rollout import RolloutSampler, collate, with_segments
     from creditlab.testing import check_config
 
     torch.set_num_threads(args.threads)

@@ -68,7 +68,7 @@ def main() -> None:
     import torch
     from creditlab.config import build_parts
     from creditlab.models import load_policy
-    from creditlab.policy import encode_prompt
+    from creditlab.step.policy import encode_prompt
     from creditlab.testing import check_config
     from creditlab.types import GenerationRequest, SamplingParams
 

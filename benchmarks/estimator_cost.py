@@ -49,8 +49,8 @@ class Bench:
     def __init__(self, methods: list[str], extra: list[str]) -> None:
         from creditlab.config import build_parts
         from creditlab.models import load_policy
-        from creditlab.policy import ModelPolicyHandle
-        from creditlab.rollout import RolloutSampler
+        from creditlab.step.policy import ModelPolicyHandle
+        from creditlab.step.rollout import RolloutSampler
 
         base = checked_for("grpo", extra)
         self.model, self.tokenizer, _ = load_policy(base["model"])
@@ -72,7 +72,7 @@ class Bench:
 
     def batch(self, seed: int, prompts: int) -> tuple[Any, float]:
         """A collated rollout batch of ``prompts`` problems and its generation time."""
-        from creditlab.rollout import collate
+        from creditlab.step.rollout import collate
 
         rng = torch.Generator().manual_seed(seed)
         idx = torch.randperm(len(self.problems), generator=rng)[:prompts].tolist()
@@ -83,7 +83,7 @@ class Bench:
 
     def run_method(self, name: str, rollout: Any, seed: int) -> tuple[float, float]:
         """(segment+estimate seconds, update seconds) of ``name`` on ``rollout``."""
-        from creditlab.rollout import with_segments
+        from creditlab.step.rollout import with_segments
 
         parts = self.methods[name]
         self.model.load_state_dict(self.initial)
@@ -97,9 +97,9 @@ class Bench:
     def update(self, rollout: Any, advantages: torch.Tensor, cfg: Any) -> None:
         """One optimizer update as ``CreditAssignmentModule.update`` does it with one mini-batch
         and no micro-batching: shared-prompt forward, loss, backward, clip, fused AdamW."""
-        from creditlab.aggregation import MiniBatchStats
-        from creditlab.forward import response_logits
-        from creditlab.losses import gather_logprobs, policy_loss
+        from creditlab.step.aggregation import MiniBatchStats
+        from creditlab.step.forward import response_logits
+        from creditlab.step.losses import gather_logprobs, policy_loss
 
         opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
         stats = MiniBatchStats.from_mask(rollout.loss_mask, cfg)

@@ -175,13 +175,13 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     import lightning as L
     import torch
     from creditlab.backends.hf import HFBackend
-    from creditlab.evaluation import EvalConfig
     from creditlab.interfaces import Verifier
-    from creditlab.losses import LossConfig
     from creditlab.models import ModelConfig, load_policy
-    from creditlab.module import CreditAssignmentModule, Parts
-    from creditlab.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
-    from creditlab.segmenters import WholeSegmenter
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.losses import LossConfig
+    from creditlab.step.module import CreditAssignmentModule, Parts
+    from creditlab.step.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
+    from creditlab.step.segmenters import WholeSegmenter
     from creditlab.types import Problem, Rewards, RolloutConfig
     from creditlab_grpo.advantage import GRPOAdvantage
     from lightning.pytorch.callbacks import Callback

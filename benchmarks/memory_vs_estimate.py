@@ -41,7 +41,7 @@ def rss() -> int:
 
 def child(overrides: list[str], out: str) -> None:
     """Run the configured training here, writing the per-phase RSS peaks to ``out`` (JSON)."""
-    import creditlab.module as module_mod
+    import creditlab.step.module as module_mod
     import creditlab.runner as runner
     from creditlab.compose import compose
     from creditlab.launch import run

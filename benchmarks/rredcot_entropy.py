@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     from creditlab.backends import sampling
     from creditlab.compose import compose
     from creditlab.config import build_parts, validate
-    from creditlab.generation import thought_spans
     from creditlab.models import load_policy
-    from creditlab.policy import ModelPolicyHandle
-    from creditlab.rollout import RolloutSampler, collate
+    from creditlab.step.generation import thought_spans
+    from creditlab.step.policy import ModelPolicyHandle
+    from creditlab.step.rollout import RolloutSampler, collate
     from creditlab.types import GenerationRequest
     from creditlab_rredcot.segmenter import KeywordEntropySegmenter
 

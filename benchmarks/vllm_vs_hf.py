@@ -96,13 +96,13 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     """Step times of a Lightning fit with backend ``name``, with its generate/update/sync parts."""
     import lightning as L
     import torch
-    from creditlab.evaluation import EvalConfig
     from creditlab.interfaces import Verifier
-    from creditlab.losses import LossConfig
     from creditlab.models import ModelConfig, load_policy
-    from creditlab.module import CreditAssignmentModule, Parts
-    from creditlab.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
-    from creditlab.segmenters import WholeSegmenter
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.losses import LossConfig
+    from creditlab.step.module import CreditAssignmentModule, Parts
+    from creditlab.step.rollout import NoResetSelector, PlainRolloutStrategy, RolloutSampler
+    from creditlab.step.segmenters import WholeSegmenter
     from creditlab.types import Problem, Rewards, RolloutConfig
     from creditlab_grpo.advantage import GRPOAdvantage
     from lightning.pytorch.callbacks import Callback

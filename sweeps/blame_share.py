@@ -34,8 +34,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from creditlab.generation import merge_eos_tail, span_texts, thought_spans
-from creditlab.policy import encode_prompt
+from creditlab.step.generation import merge_eos_tail, span_texts, thought_spans
+from creditlab.step.policy import encode_prompt
 from creditlab_arith.task import ArithTask
 
 

@@ -11,9 +11,7 @@ helpers, the shared advantage and thought-span helpers, the typed metric values 
 from importlib import metadata as _metadata
 
 from creditlab import testing  # contract checks and fakes: creditlab.testing
-from creditlab.advantages import STD_OPTIONS, broadcast, group_advantages
 from creditlab.errors import ConfigError, InputError, RegistryError
-from creditlab.generation import completion_spans, span_texts, thought_spans
 from creditlab.interfaces import (
     AdvantageEstimator,
     GenerationBackend,
@@ -26,8 +24,10 @@ from creditlab.interfaces import (
     Task,
     Verifier,
 )
-from creditlab.policy import encode_prompt
 from creditlab.registry import REGISTRIES, build_config, build_part, conf_dirs, registry
+from creditlab.step.advantages import STD_OPTIONS, broadcast, group_advantages
+from creditlab.step.generation import completion_spans, span_texts, thought_spans
+from creditlab.step.policy import encode_prompt
 from creditlab.types import (
     Advantages,
     Completion,

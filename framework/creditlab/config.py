@@ -17,12 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from creditlab.compose import CONF_DIR
 from creditlab.errors import ConfigError, RegistryError, closest
-from creditlab.evaluation import EvalConfig
 from creditlab.layout import plan
-from creditlab.losses import LossConfig
 from creditlab.models import ModelConfig
 from creditlab.preregistration import parse as parse_preregistration
 from creditlab.registry import REGISTRIES, build_config
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.losses import LossConfig
 from creditlab.types import RolloutConfig
 
 #: Config sections that name a registered part (``name:``) and hold its ``Config`` keys. The

@@ -21,9 +21,9 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset
 
 from creditlab.errors import InputError
-from creditlab.evaluation import EvalConfig
 from creditlab.interfaces import Task
-from creditlab.policy import encode_prompt
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.policy import encode_prompt
 from creditlab.types import Problem, RolloutConfig
 
 
@@ -119,7 +119,7 @@ class TaskDataModule(L.LightningDataModule):
         steps: Number of RL steps (the length of the step loader).
         seed: Shuffling seed.
         eval_cfg: The run's evaluation settings (``holdout``, ``allow_train_rows``, ``problems``,
-            ``every``); default :class:`~creditlab.evaluation.EvalConfig`.
+            ``every``); default :class:`~creditlab.step.evaluation.EvalConfig`.
     """
 
     def __init__(

@@ -51,8 +51,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from creditlab.errors import ConfigError
 from creditlab.models import DTYPES, ModelConfig
-from creditlab.policy import encode_prompt
 from creditlab.registry import registry
+from creditlab.step.policy import encode_prompt
 
 GIB = 2**30
 #: The components each phase holds at once (``evaluation``: those of ``generation``, for its rows).

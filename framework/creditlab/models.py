@@ -173,7 +173,7 @@ def enable_gradient_checkpointing(model: Any) -> list[torch.nn.Module]:
     Qwen2, OLMo-3 in ``transformers`` 5.24). A later ``model.eval()`` turns checkpointing off
     again; the HF backend restores every module's flag after generating, and under
     ``torch.no_grad`` (generation, old and reference log-probs) a layer never checkpoints.
-    ``creditlab.forward`` sees the flags and runs the plain forward instead of the shared-prompt
+    ``creditlab.step.forward`` sees the flags and runs the plain forward instead of the shared-prompt
     one (checkpointed layers drop the KV cache).
     """
     base = model.get_base_model() if is_peft(model) else model

@@ -29,11 +29,11 @@ from creditlab.errors import InputError
 from creditlab.headline import headline
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.models import is_peft, load_policy
-from creditlab.module import CreditAssignmentModule, Parts
 from creditlab.problem_records import read_records
 from creditlab.progress import StepProgressBar, quiet_library_output
-from creditlab.rollout import RolloutSampler
 from creditlab.rundir_guard import RunStopped
+from creditlab.step.module import CreditAssignmentModule, Parts
+from creditlab.step.rollout import RolloutSampler
 
 log = logging.getLogger(__name__)
 

@@ -241,7 +241,7 @@ TRUNCATION_POLICIES = ("keep", "mask", "penalize")
 
 @dataclass
 class ThoughtConfig:
-    """Thought-level generation settings (:func:`creditlab.generation.generate_thoughts`).
+    """Thought-level generation settings (:func:`creditlab.step.generation.generate_thoughts`).
 
     Attributes:
         delimiter: Text ending a thought; a stop string of each round, kept in the tokens.

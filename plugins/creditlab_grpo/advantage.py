@@ -5,9 +5,9 @@
   prompt, ``A_i = (R_i - mean) / std``, broadcast to every response token.
 * Dr. GRPO — Liu et al., "Understanding R1-Zero-Like Training: A Critical Perspective",
   arXiv 2503.20783: the same without the std division (``A_i = R_i - mean``); pair it with the
-  ``seq-mean-token-sum-norm`` loss aggregation (see :mod:`creditlab.losses`).
+  ``seq-mean-token-sum-norm`` loss aggregation (see :mod:`creditlab.step.losses`).
 
-The group statistics are :func:`creditlab.advantages.group_advantages` (see it for the std options,
+The group statistics are :func:`creditlab.step.advantages.group_advantages` (see it for the std options,
 eps, zero-variance and singleton groups). Groups come from ``batch.group_ids``; the policy is not
 queried.
 """

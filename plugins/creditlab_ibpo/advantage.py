@@ -8,7 +8,7 @@ compare-and-correct operator); it plugs into GRPO-style objectives. Everything b
 
 **Outcomes and base advantage.** A row is *correct* when its reward is at least
 ``success_reward`` (as the reset buffer decides). ``A_i`` is the GRPO group advantage
-(:func:`creditlab.advantages.group_advantages`, knobs ``std``/``eps``/``zero_std_tol`` as the
+(:func:`creditlab.step.advantages.group_advantages`, knobs ``std``/``eps``/``zero_std_tol`` as the
 ``grpo`` estimator). A group whose rows all have the same outcome (all correct or all incorrect,
 singletons included) falls back to plain GRPO: ``A_i`` on every trained token
 (``fallback_groups``).

@@ -5,7 +5,7 @@ Mathematical Reasoning", arXiv 2601.07408; code fragment github.com/Valsure/
 Outcome-Grounded-Advantage-Reshaping (``OAR-main.py``, no licence: read, not copied).
 
 Both estimators compute ``A_{i,t} = A_i * w_{i,t}``: ``A_i`` is the GRPO group advantage
-(:func:`creditlab.advantages.group_advantages`, knobs ``std``/``eps``/``zero_std_tol``), ``w`` the
+(:func:`creditlab.step.advantages.group_advantages`, knobs ``std``/``eps``/``zero_std_tol``), ``w`` the
 bi-level weights of :func:`creditlab_oar.reshape.reshape_weights` over the trained reasoning tokens
 of row i (answer tokens, EOS and rows with fewer than two such tokens keep weight 1); values are
 exactly 0 where ``loss_mask`` is 0. Rows with ``A_i = 0`` are not probed (their advantages are 0

@@ -217,7 +217,7 @@ def test_decompose_sweeps_run_the_controls_on_equal_budgets_and_declare_their_co
 
 def _same_eval_but_cadence(a, b) -> bool:
     """The same evaluation except how often: a run's randomness is a function of (seed, step,
-    stream) (creditlab.module), so the cadence changes neither training nor the declared metric,
+    stream) (creditlab.step.module), so the cadence changes neither training nor the declared metric,
     step 100's evaluation, only the points of the curve."""
     strip = lambda cfg: {k: v for k, v in OmegaConf.to_container(cfg.eval).items() if k != "every"}  # noqa: E731
     return strip(a) == strip(b) and a.trainer.max_steps % a.eval.every == 0

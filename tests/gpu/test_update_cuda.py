@@ -43,9 +43,9 @@ LOSSES = {
 
 def _module(model, tok, loss):
     """The module around ``model`` with an SGD optimizer and a plain backward (no Trainer)."""
-    from creditlab.evaluation import EvalConfig
-    from creditlab.losses import LossConfig
-    from creditlab.module import CreditAssignmentModule
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.losses import LossConfig
+    from creditlab.step.module import CreditAssignmentModule
     from creditlab.types import RolloutConfig
 
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -61,7 +61,7 @@ def _module(model, tok, loss):
 def _batch():
     """8 rows, 2 prompts of different lengths, responses of 4-11 tokens; rows 1, 4, 7 train
     from response token 1 and rows 2, 5 from token 2."""
-    from creditlab.rollout import collate
+    from creditlab.step.rollout import collate
     from creditlab.types import Completion, Problem, Trajectory
 
     gen = torch.Generator().manual_seed(1)

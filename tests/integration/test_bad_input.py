@@ -209,9 +209,9 @@ def test_an_over_long_row_is_named_at_start_up():
 
 
 def test_first_step_without_a_parsable_answer_warns(caplog):
-    from creditlab.evaluation import EvalConfig
-    from creditlab.losses import LossConfig
-    from creditlab.module import CreditAssignmentModule
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.losses import LossConfig
+    from creditlab.step.module import CreditAssignmentModule
     from creditlab.types import RolloutConfig
 
     from tests.helpers import tiny_model_and_tokenizer
@@ -224,7 +224,7 @@ def test_first_step_without_a_parsable_answer_warns(caplog):
         c = Completion((2,), (5,), (0.0,), "length", "x")
         return [Trajectory(Problem("p", "q", "1"), c, 0.0, 0, info={"parsed": p, "truncated": True}) for p in parsed]
 
-    with caplog.at_level(logging.WARNING, logger="creditlab.step_metrics"):
+    with caplog.at_level(logging.WARNING, logger="creditlab.step.step_metrics"):
         assert not module.warn_if_no_answers(trajs(None, "3"))
         assert not caplog.records
         assert module.warn_if_no_answers(trajs(None, None))

@@ -9,7 +9,7 @@ therefore penalize truncation (``rollout.truncation=penalize``, reward -1 for a 
 the 32-token limit, 0 otherwise): the real verifier, rollouts and estimators, with rewards that
 differ within groups.
 
-Each run is observed in process (wrappers on :class:`~creditlab.module.CreditAssignmentModule`,
+Each run is observed in process (wrappers on :class:`~creditlab.step.module.CreditAssignmentModule`,
 the policy class's ``forward`` and the fused decoder's step; nothing is taken from the config; an
 observed run's metrics.jsonl equals an unobserved one's, checked for every preset) and must show:
 
@@ -94,19 +94,19 @@ class Seen:
 @contextlib.contextmanager
 def _logits_dtypes(model: torch.nn.Module, sink: list[torch.dtype], fused: list[torch.dtype] | None = None):
     """Append the dtype of the logits of every forward of ``model`` (before any caller's cast to
-    float32, e.g. :func:`creditlab.forward.response_logits`'s) to ``sink`` while in the block, and
+    float32, e.g. :func:`creditlab.step.forward.response_logits`'s) to ``sink`` while in the block, and
     those of the fused decoder's one-token steps to ``fused`` (or ``sink``).
 
     Both are wrapped on their classes, signatures kept: a hook on the model, or a ``forward`` set
     on the instance, would turn the fused decoder off (:func:`creditlab.accel.support.supported`),
-    and a changed signature the shared-prompt forward (:func:`creditlab.forward.response_logits`);
+    and a changed signature the shared-prompt forward (:func:`creditlab.step.forward.response_logits`);
     the observed run equals an unobserved one (checked: identical metrics.jsonl)."""
     from creditlab.accel.fused_decode import FusedDecoder
 
     cls = type(model)
     forward, step = cls.forward, FusedDecoder.step
 
-    @functools.wraps(forward)  # its signature too: creditlab.forward reads it (logits_to_keep)
+    @functools.wraps(forward)  # its signature too: creditlab.step.forward reads it (logits_to_keep)
     def forward_(self, *args, **kwargs):
         out = forward(self, *args, **kwargs)
         if self is model and getattr(out, "logits", None) is not None:
@@ -132,9 +132,9 @@ def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def _observe(monkeypatch: pytest.MonkeyPatch) -> Seen:
     """Wrap the module's step, evaluation, update, gradient clipping and update forward."""
-    from creditlab.aggregation import MiniBatchStats
-    from creditlab.losses import policy_loss
-    from creditlab.module import CreditAssignmentModule as M
+    from creditlab.step.aggregation import MiniBatchStats
+    from creditlab.step.losses import policy_loss
+    from creditlab.step.module import CreditAssignmentModule as M
 
     seen = Seen()
     orig = {name: getattr(M, name) for name in

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from creditlab import policy
 from creditlab.compose import compose
 from creditlab.launch import run
 from creditlab.loggers import read_metrics
+from creditlab.step import policy
 from creditlab_resets import selectors
 
 from tests.unit.test_chat_template import save_chat_model

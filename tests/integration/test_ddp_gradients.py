@@ -18,9 +18,9 @@ import socket
 
 import pytest
 import torch
-from creditlab.aggregation import AGG_MODES, MiniBatchStats
-from creditlab.losses import LossConfig, gather_logprobs, policy_loss
-from creditlab.rollout import collate
+from creditlab.step.aggregation import AGG_MODES, MiniBatchStats
+from creditlab.step.losses import LossConfig, gather_logprobs, policy_loss
+from creditlab.step.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
 
 pytestmark = pytest.mark.slow  # two processes importing Lightning: ~20-40 s
@@ -63,7 +63,7 @@ def _advantages(trajs: list[Trajectory], width: int) -> torch.Tensor:
 
 
 def _rank_share(trajs: list[Trajectory], rank: int) -> list[Trajectory]:
-    from creditlab.distributed import shard
+    from creditlab.step.distributed import shard
 
     prompts = shard(list(range(PROMPTS)), rank, WORLD)
     return [t for t in trajs if t.group_id in prompts]
@@ -89,9 +89,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                       NODE_RANK="0", LOCAL_RANK=str(rank), RANK=str(rank), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
     import lightning as L
-    from creditlab.evaluation import EvalConfig
-    from creditlab.module import CreditAssignmentModule
-    from creditlab.rollout import RolloutConfig
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.module import CreditAssignmentModule
+    from creditlab.step.rollout import RolloutConfig
     from lightning.pytorch.strategies import DDPStrategy
     from torch.utils.data import DataLoader
 
@@ -123,7 +123,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 def _reference(model, trajs: list[Trajectory], agg: str, pad_id: int) -> dict[str, torch.Tensor]:
     """Plain autograd of the loss of ``trajs`` as one batch, in one process."""
-    from creditlab.forward import response_logits
+    from creditlab.step.forward import response_logits
 
     model.zero_grad(set_to_none=True)
     cfg = LossConfig(agg=agg, norm_constant=8.0 if agg.endswith("norm") else None)
@@ -140,7 +140,7 @@ def _reference(model, trajs: list[Trajectory], agg: str, pad_id: int) -> dict[st
 def _mini_batches(updates: int, rl_step: int) -> list[list[Trajectory]]:
     """The global mini-batches of a DDP update: the union of each rank's k-th mini-batch (each
     rank permutes its own rows with its own seed, as ``CreditAssignmentModule.update``)."""
-    from creditlab.module import step_seed
+    from creditlab.step.module import step_seed
 
     trajs, out = _trajectories(), [[] for _ in range(updates)]
     for rank in range(WORLD):

@@ -3,10 +3,10 @@ with a chat-templated model — rollout and evaluation prompts are the plain tex
 self-localization prompt alone goes through the chat template (as the official code)."""
 
 import pytest
-from creditlab import policy
 from creditlab.compose import compose
 from creditlab.launch import run
 from creditlab.loggers import read_metrics
+from creditlab.step import policy
 from creditlab_resets import selectors
 
 from tests.unit.test_chat_template import save_chat_model

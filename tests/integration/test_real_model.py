@@ -15,7 +15,7 @@ from creditlab.backends.hf import HFBackend
 from creditlab.compose import compose
 from creditlab.launch import run
 from creditlab.loggers import read_metrics
-from creditlab.policy import encode_prompt
+from creditlab.step.policy import encode_prompt
 from creditlab.types import GenerationRequest, SamplingParams
 from creditlab_smollm2.convert import build_smollm2
 from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -15,7 +15,7 @@ from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.hf import HFBackend
 from creditlab.backends.kv_cache import make_cache
 from creditlab.errors import ConfigError
-from creditlab.forward import CACHE_KEY, cache_of
+from creditlab.step.forward import CACHE_KEY, cache_of
 from creditlab.types import GenerationRequest, SamplingParams
 from packaging.specifiers import SpecifierSet
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from creditlab.advantages import broadcast, group_advantages
+from creditlab.step.advantages import broadcast, group_advantages
 
 
 def _ids(*sizes: int) -> torch.Tensor:

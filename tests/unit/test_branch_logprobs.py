@@ -3,9 +3,9 @@
 
 import pytest
 import torch
-from creditlab.forward import branch_logits
 from creditlab.interfaces import PolicyHandle
-from creditlab.policy import ModelPolicyHandle
+from creditlab.step.forward import branch_logits
+from creditlab.step.policy import ModelPolicyHandle
 
 from tests.helpers import tiny_model_and_tokenizer
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 from creditlab.interfaces import ResetSelector
-from creditlab.rollout import collate
+from creditlab.step.rollout import collate
 from creditlab.testing import FakePolicyHandle
 from creditlab.types import Completion, GenerationRequest, Problem, ResetPoint, Trajectory
 from creditlab_resets.buffer import ResetBuffer, parse_split

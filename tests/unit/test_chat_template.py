@@ -1,7 +1,7 @@
 """Chat templates: a model directory whose tokenizer has one is prompted through it.
 
 A tiny Llama and the character-level tokenizer are saved with ``save_pretrained`` together with a
-small Jinja chat template, then loaded back by :func:`creditlab.policy.load_policy` as any model
+small Jinja chat template, then loaded back by :func:`creditlab.step.policy.load_policy` as any model
 path would be. Prompts must be the rendered template with the generation prompt; the response
 is what the model generates after it; thought-by-thought generation and reset continuations stay
 on token ids (the template is applied once, to the prompt, never to a response prefix).
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 from creditlab.backends.hf import HFBackend
-from creditlab.generation import ThoughtConfig, completion_spans, generate_thoughts
 from creditlab.models import ModelConfig, load_policy
-from creditlab.policy import ModelPolicyHandle, encode_prompt
+from creditlab.step.generation import ThoughtConfig, completion_spans, generate_thoughts
+from creditlab.step.policy import ModelPolicyHandle, encode_prompt
 from creditlab.types import GenerationRequest, SamplingParams
 
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias

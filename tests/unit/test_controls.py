@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 from creditlab import ConfigError, InputError
-from creditlab.aggregation import MiniBatchStats
-from creditlab.losses import LossConfig, policy_loss
-from creditlab.rollout import collate
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.losses import LossConfig, policy_loss
+from creditlab.step.rollout import collate
 from creditlab.testing import FakePolicyHandle
 from creditlab.types import Completion, Problem, Trajectory
 from creditlab_controls.advantage import (

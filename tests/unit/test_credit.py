@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from creditlab.credit import CreditMetrics
-from creditlab.rollout import collate
+from creditlab.step.credit import CreditMetrics
+from creditlab.step.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import THOUGHT, char_tokenizer

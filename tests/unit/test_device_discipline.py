@@ -16,10 +16,10 @@ import functools
 
 import pytest
 import torch
-from creditlab.evaluation import EvalConfig
-from creditlab.losses import LossConfig
-from creditlab.module import CreditAssignmentModule, Parts
-from creditlab.policy import ModelPolicyHandle
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.losses import LossConfig
+from creditlab.step.module import CreditAssignmentModule, Parts
+from creditlab.step.policy import ModelPolicyHandle
 from creditlab.testing.devices import ImplicitDevice, ImplicitDeviceAudit
 from creditlab.types import Advantages, Completion, Problem, RolloutConfig, Segments, Trajectory
 
@@ -41,7 +41,7 @@ def test_audit_names_a_factory_without_device(tmp_path):
         torch.randperm(3, generator=torch.Generator())  # the generator fixes the device
     assert audit.found == []
     with ImplicitDeviceAudit(record=True) as audit:  # creditlab's own: an explicit device passes
-        from creditlab.rollout import collate
+        from creditlab.step.rollout import collate
         collate([_trajectory(0)], pad_id=0, device="cpu")
     assert audit.found == []
 

@@ -1,11 +1,11 @@
 """Pure parts of data parallelism: prompt shares, typed metric reductions, the launch plan's
 errors."""
 
-import creditlab.distributed as distributed
+import creditlab.step.distributed as distributed
 import pytest
-from creditlab.distributed import reduce_metrics, shard
 from creditlab.errors import ConfigError
 from creditlab.layout import _devices, cpu_cores, plan, threads_per_rank
+from creditlab.step.distributed import reduce_metrics, shard
 from creditlab.types import Max, Mean, Min, Sum, reduction
 
 

@@ -12,9 +12,9 @@ import math
 
 import pytest
 import torch
-from creditlab.aggregation import MiniBatchStats
 from creditlab.errors import ConfigError
-from creditlab.losses import LossConfig, gather_logprobs, policy_loss
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.losses import LossConfig, gather_logprobs, policy_loss
 
 DT = torch.float64
 B, T, V, D = 6, 5, 7, 3

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from creditlab.datamodule import TaskDataModule, split_holdout
 from creditlab.errors import InputError
-from creditlab.evaluation import EvalConfig, evaluate
+from creditlab.step.evaluation import EvalConfig, evaluate
 from creditlab.types import Completion, Problem, Rewards, RolloutConfig, Sum
 from creditlab_math.tasks import GSM8KTask
 

@@ -1,4 +1,4 @@
-"""creditlab.forward.response_logits: each distinct prompt runs once, with the same logits and
+"""creditlab.step.forward.response_logits: each distinct prompt runs once, with the same logits and
 gradients as the plain full forward (left-padded prompts, right-padded responses, micro-batches,
 fallbacks)."""
 
@@ -8,12 +8,12 @@ import functools
 
 import pytest
 import torch
-from creditlab.evaluation import EvalConfig
-from creditlab.forward import response_logits, unique_rows
-from creditlab.losses import LossConfig, gather_logprobs
-from creditlab.module import CreditAssignmentModule
-from creditlab.policy import forward_logits
-from creditlab.rollout import RolloutConfig, collate
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.forward import response_logits, unique_rows
+from creditlab.step.losses import LossConfig, gather_logprobs
+from creditlab.step.module import CreditAssignmentModule
+from creditlab.step.policy import forward_logits
+from creditlab.step.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import tiny_model_and_tokenizer
@@ -267,7 +267,7 @@ def test_keep_last_index_gives_the_int_slices_logits_from_a_contiguous_input():
     """``keep_last`` (an index tensor) selects what ``logits_to_keep=n`` does; the int's
     non-contiguous view makes torch.matmul copy a frozen LM head once per row (LoRA), the index
     a small contiguous copy of the hidden states."""
-    from creditlab.forward import keep_last
+    from creditlab.step.forward import keep_last
 
     model, _ = tiny_model_and_tokenizer(seed=0)
     ids = torch.randint(5, 40, (3, 9), generator=torch.Generator().manual_seed(0))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from creditlab.backends.hf import HFBackend
-from creditlab.generation import ThoughtConfig, generate_thoughts, round_seed, thought_spans
 from creditlab.interfaces import GenerationBackend, ResetSelector
+from creditlab.step.generation import ThoughtConfig, generate_thoughts, round_seed, thought_spans
 from creditlab.types import Completion, GenerationRequest, Problem, ResetPoint, SamplingParams
 
 from tests.helpers import THOUGHT, char_tokenizer, tiny_model_and_tokenizer, with_token_bias

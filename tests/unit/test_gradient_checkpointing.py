@@ -8,15 +8,15 @@ import functools
 
 import pytest
 import torch
-from creditlab.aggregation import MiniBatchStats
 from creditlab.compose import compose
 from creditlab.config import validate
-from creditlab.evaluation import EvalConfig
-from creditlab.forward import _unshareable_mode, response_logits
-from creditlab.losses import LossConfig
 from creditlab.models import LoraConfig, apply_lora, enable_gradient_checkpointing, load_policy
-from creditlab.module import CreditAssignmentModule
-from creditlab.rollout import RolloutConfig, collate
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.forward import _unshareable_mode, response_logits
+from creditlab.step.losses import LossConfig
+from creditlab.step.module import CreditAssignmentModule
+from creditlab.step.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import tiny_model_and_tokenizer

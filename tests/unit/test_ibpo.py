@@ -9,7 +9,7 @@ import pytest
 import torch
 from creditlab.errors import ConfigError
 from creditlab.registry import build_part
-from creditlab.rollout import collate, with_segments
+from creditlab.step.rollout import collate, with_segments
 from creditlab.testing import FakePolicyHandle, check_part, make_batch, pad_batch
 from creditlab.types import Completion, Problem, Segments, Trajectory
 from creditlab_grpo.advantage import GRPOAdvantage
@@ -254,8 +254,8 @@ def test_repair_through_the_real_policy_handle_and_sampler():
     """A tiny random model repairs through ``ModelPolicyHandle.rollouts`` (HF backend, arith
     verifier, the run's sampler): counted, deterministic, mass preserved."""
     from creditlab.backends.hf import HFBackend
-    from creditlab.policy import ModelPolicyHandle
-    from creditlab.rollout import RolloutConfig, RolloutSampler
+    from creditlab.step.policy import ModelPolicyHandle
+    from creditlab.step.rollout import RolloutConfig, RolloutSampler
     from creditlab_arith.task import ArithTask
     from creditlab_arith.verifier import ArithVerifier
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from creditlab.forward import position_ids
-from creditlab.policy import ModelPolicyHandle
+from creditlab.step.forward import position_ids
+from creditlab.step.policy import ModelPolicyHandle
 from creditlab.testing import FakePolicyHandle
 
 from tests.helpers import tiny_model_and_tokenizer

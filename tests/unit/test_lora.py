@@ -12,13 +12,13 @@ from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.accel.support import supported
 from creditlab.backends.hf import HFBackend
 from creditlab.errors import ConfigError
-from creditlab.evaluation import EvalConfig
-from creditlab.forward import response_logits
-from creditlab.losses import LossConfig, gather_logprobs
 from creditlab.models import LoraConfig, ModelConfig, apply_lora, merged_state_dict
-from creditlab.module import CreditAssignmentModule
-from creditlab.policy import ModelPolicyHandle
-from creditlab.rollout import RolloutConfig, collate
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.forward import response_logits
+from creditlab.step.losses import LossConfig, gather_logprobs
+from creditlab.step.module import CreditAssignmentModule
+from creditlab.step.policy import ModelPolicyHandle
+from creditlab.step.rollout import RolloutConfig, collate
 from creditlab.types import GenerationRequest, Problem, SamplingParams, Trajectory
 
 from tests.helpers import tiny_model_and_tokenizer

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-from creditlab.aggregation import AGG_MODES, MiniBatchStats, aggregate, micro_batch_slices
 from creditlab.errors import ConfigError
-from creditlab.losses import (
+from creditlab.step.aggregation import AGG_MODES, MiniBatchStats, aggregate, micro_batch_slices
+from creditlab.step.losses import (
     LossConfig,
     entropy_from_logits,
     gather_logprobs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from creditlab.generation import thought_spans
-from creditlab.rollout import collate, with_segments
+from creditlab.step.generation import thought_spans
+from creditlab.step.rollout import collate, with_segments
 from creditlab.testing import FakePolicyHandle, pad_batch
 from creditlab.types import Completion, Problem, Segments, Trajectory
 from creditlab_resets.mc_value import MCValueAdvantage, boundaries

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from creditlab.evaluation import EvalConfig
-from creditlab.losses import LossConfig
-from creditlab.module import CreditAssignmentModule
-from creditlab.rollout import RolloutConfig, collate
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.losses import LossConfig
+from creditlab.step.module import CreditAssignmentModule
+from creditlab.step.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import tiny_model_and_tokenizer
@@ -98,7 +98,7 @@ def test_tis_cap_weights_the_update():
 def test_a_metric_key_has_one_writer():
     """Two channels writing one key is an error naming both (one would silently hide the other);
     the values keep their reduction types."""
-    from creditlab.step_metrics import MetricClash, one_writer_per_key
+    from creditlab.step.step_metrics import MetricClash, one_writer_per_key
     from creditlab.types import Mean, Sum
 
     out = one_writer_per_key([("advantage", "A.estimate()", {"groups": Sum(3)}),

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 from creditlab.errors import ConfigError
-from creditlab.forward import position_ids
-from creditlab.policy import ModelPolicyHandle
 from creditlab.registry import build_part, registry
-from creditlab.rollout import collate
+from creditlab.step.forward import position_ids
+from creditlab.step.policy import ModelPolicyHandle
+from creditlab.step.rollout import collate
 from creditlab.testing import check_part, pad_batch
 from creditlab.types import Completion, Problem, Trajectory
 from creditlab_oar.advantage import OARGAdvantage, OARPAdvantage, reasoning_noise

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from creditlab.policy import ModelPolicyHandle
-from creditlab.rollout import collate
+from creditlab.step.policy import ModelPolicyHandle
+from creditlab.step.rollout import collate
 from creditlab.types import Completion, Problem, Trajectory
 from creditlab_oar.advantage import OARGAdvantage, OARPAdvantage
 from creditlab_oar.probe import build_probe, find_marker, last_occurrence

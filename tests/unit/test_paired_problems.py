@@ -8,15 +8,15 @@ import math
 
 import numpy as np
 import pytest
-from creditlab import evaluation
 from creditlab.cli import main
 from creditlab.compare import CompareError, compare
-from creditlab.distributed import shard
-from creditlab.evaluation import EvalConfig, ProblemOutcomes, evaluate_problems, gather_outcomes
 from creditlab.problem_records import PROBLEMS_FILE, check_budget_key, matched_steps, read_records
 from creditlab.report import problem_rows, to_json
 from creditlab.rundirs import load_run
 from creditlab.significance import crossed_test, mean_squares
+from creditlab.step import evaluation
+from creditlab.step.distributed import shard
+from creditlab.step.evaluation import EvalConfig, ProblemOutcomes, evaluate_problems, gather_outcomes
 from creditlab.types import Completion, Problem, Rewards, RolloutConfig
 from scipy import stats as scipy_stats
 

@@ -7,9 +7,9 @@ import math
 from dataclasses import replace
 
 import torch
-from creditlab.aggregation import MiniBatchStats
-from creditlab.losses import LossConfig, policy_loss
-from creditlab.rollout import collate
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.losses import LossConfig, policy_loss
+from creditlab.step.rollout import collate
 from creditlab_grpo.advantage import GRPOAdvantage
 
 from tests.unit.test_buffer import TOK, C, W, build

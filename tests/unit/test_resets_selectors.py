@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from creditlab.errors import ConfigError, InputError
-from creditlab.generation import thought_spans
 from creditlab.registry import build_part, registry
+from creditlab.step.generation import thought_spans
 from creditlab.testing import FakePolicyHandle
 from creditlab.types import Completion, Problem, ResetPoint, Trajectory
 from creditlab_resets.localize import localization_prompt, parse_localization

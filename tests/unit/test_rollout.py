@@ -3,8 +3,8 @@ strategy."""
 
 
 from creditlab.interfaces import Verifier
-from creditlab.rollout import PlainRolloutStrategy, RolloutSampler, collate
-from creditlab.segmenters import ThoughtSegmenter, WholeSegmenter
+from creditlab.step.rollout import PlainRolloutStrategy, RolloutSampler, collate
+from creditlab.step.segmenters import ThoughtSegmenter, WholeSegmenter
 from creditlab.testing import FakePolicyHandle, FakeSampler, check_part, check_segmenter
 from creditlab.types import Completion, Mean, Problem, Rewards, RolloutConfig, Sum, Trajectory
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from creditlab.errors import ConfigError
 from creditlab.registry import build_part
-from creditlab.rollout import collate, with_segments
+from creditlab.step.rollout import collate, with_segments
 from creditlab.testing import (
     FakePolicyHandle,
     check_advantage,
@@ -471,7 +471,7 @@ def test_estimator_config_errors():
 def test_model_handle_values_equal_full_forwards(one_thread):
     """The model handle values every state from its response's KV cache (each trunk runs once);
     the values equal those of full forwards over every ``state + cue + answer`` sequence."""
-    from creditlab.policy import ModelPolicyHandle
+    from creditlab.step.policy import ModelPolicyHandle
 
     model, tok = tiny_model_and_tokenizer(seed=2)
     seg = _segmenter(tok, min_segment_tokens=2)

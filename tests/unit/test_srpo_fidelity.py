@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from creditlab.errors import ConfigError
-from creditlab.generation import ThoughtConfig, generate_thoughts
-from creditlab.policy import ModelPolicyHandle, encode_prompt
+from creditlab.step.generation import ThoughtConfig, generate_thoughts
+from creditlab.step.policy import ModelPolicyHandle, encode_prompt
 from creditlab.testing import FakePolicyHandle
 from creditlab.types import GenerationRequest, Problem, RolloutConfig, SamplingParams
 from creditlab_math.tasks import (
@@ -78,9 +78,9 @@ def test_default_config_keeps_the_template_and_a_bad_value_is_a_config_error():
 def test_parts_and_evaluation_encode_problems_as_the_rollouts_do():
     """The run's handle (rollout strategies, evaluation, value prompts) encodes with
     ``rollout.chat_template``."""
-    from creditlab.evaluation import EvalConfig
-    from creditlab.losses import LossConfig
-    from creditlab.module import CreditAssignmentModule
+    from creditlab.step.evaluation import EvalConfig
+    from creditlab.step.losses import LossConfig
+    from creditlab.step.module import CreditAssignmentModule
 
     from tests.helpers import tiny_model_and_tokenizer
 

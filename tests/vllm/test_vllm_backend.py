@@ -14,7 +14,7 @@ import pytest
 import torch
 from creditlab.backends.hf import HFBackend
 from creditlab.errors import InputError
-from creditlab.generation import ThoughtConfig, generate_thoughts
+from creditlab.step.generation import ThoughtConfig, generate_thoughts
 from creditlab.testing import check_backend, check_common
 from creditlab.types import GenerationRequest, SamplingParams
 
@@ -314,7 +314,7 @@ def test_importing_and_validating_does_not_import_vllm():
     import sys
 
     code = (
-        "import sys; import creditlab.module, creditlab.config, creditlab.launch; "
+        "import sys; import creditlab.step.module, creditlab.config, creditlab.launch; "
         "from creditlab.registry import REGISTRIES; cls = REGISTRIES['backend'].get('vllm'); "
         "cls.Config(); assert 'vllm' not in sys.modules, 'vllm imported'"
     )

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from creditlab.accel.support import supported
-from creditlab.forward import dynamic_rope
+from creditlab.step.forward import dynamic_rope
 
 __all__ = ["FusedDecoder"]
 

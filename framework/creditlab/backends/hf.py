@@ -34,8 +34,8 @@ from creditlab.backends.sampling import (
     split_stops,
     validate_sampling,
 )
-from creditlab.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, keep_last, position_ids
 from creditlab.interfaces import GenerationBackend
+from creditlab.step.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, keep_last, position_ids
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 

@@ -1,7 +1,7 @@
 """``creditlab credit-bench``: score every advantage estimator and reset selector against a
 Monte-Carlo ground truth on the same sampled groups, without training (docs/credit-bench.md).
 
-1. Sample ``G`` chains per prompt with the run's settings (:class:`~creditlab.rollout.PlainRolloutStrategy`).
+1. Sample ``G`` chains per prompt with the run's settings (:class:`~creditlab.step.rollout.PlainRolloutStrategy`).
 2. Value every thought boundary by ``K`` continuations (:mod:`creditlab.creditbench.truth`);
    refuse to score when the truth is mostly noise.
 3. Run each estimator on the groups (its config from ``conf/advantage/<name>.yaml``, its segmenter
@@ -47,11 +47,11 @@ from creditlab.creditbench.scores import (
 )
 from creditlab.creditbench.truth import ChainTruth, compute_truth, k_needed, noise
 from creditlab.errors import ConfigError
-from creditlab.generation import completion_spans, span_texts
 from creditlab.models import load_policy
-from creditlab.policy import ModelPolicyHandle
 from creditlab.registry import REGISTRIES, conf_dirs
-from creditlab.rollout import PlainRolloutStrategy, RolloutSampler, collate, with_segments
+from creditlab.step.generation import completion_spans, span_texts
+from creditlab.step.policy import ModelPolicyHandle
+from creditlab.step.rollout import PlainRolloutStrategy, RolloutSampler, collate, with_segments
 from creditlab.types import Spans, Trajectory
 
 #: Run-config overrides the bench applies before the user's: chains sampled thought by thought,

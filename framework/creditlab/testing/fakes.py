@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from creditlab.interfaces import PolicyHandle, offset_embeddings
-from creditlab.rollout import collate
+from creditlab.step.rollout import collate
 from creditlab.types import (
     Completion,
     GenerationRequest,

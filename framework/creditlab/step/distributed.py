@@ -7,7 +7,7 @@ On R ranks (Lightning's DDP strategy) one RL step goes like this:
    one rank, so group advantages, and every estimator that looks at the batch group by group, see
    exactly what they would see in one process.
 2. The loss denominators of each mini-batch are summed over the ranks
-   (:meth:`creditlab.losses.MiniBatchStats.all_reduce`), every rank backpropagates its rows'
+   (:meth:`creditlab.step.losses.MiniBatchStats.all_reduce`), every rank backpropagates its rows'
    contribution times R, and DDP averages the gradients: the update equals the single-process
    update of the global batch, for every aggregation mode (``tests/integration/test_ddp_gradients.py``).
    Every rank runs as many micro-batches as the rank with the most (an extra one runs a row with

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from creditlab.generation import completion_spans
 from creditlab.interfaces import Segmenter
+from creditlab.step.generation import completion_spans
 from creditlab.types import RolloutBatch, Segments, Spans
 
 
@@ -65,7 +65,7 @@ class ThoughtSegmenter(WholeSegmenter):
     """One segment per thought: spans end after each occurrence of the delimiter's token ids.
 
     Uses the completion's ``segment_ids`` when thought-by-thought generation recorded them; a
-    trailing lone EOS token joins the last thought (see :func:`creditlab.generation.completion_spans`).
+    trailing lone EOS token joins the last thought (see :func:`creditlab.step.generation.completion_spans`).
     """
 
     Config = ThoughtSegmenterConfig

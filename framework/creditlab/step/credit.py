@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from creditlab.generation import completion_spans, span_texts
+from creditlab.step.generation import completion_spans, span_texts
 from creditlab.types import Mean, RolloutBatch, Sum
 
 

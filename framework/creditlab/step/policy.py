@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from creditlab.errors import ConfigError
-from creditlab.forward import branch_logits, position_ids
 from creditlab.interfaces import GenerationBackend, PolicyHandle, offset_embeddings
-from creditlab.losses import gather_logprobs
+from creditlab.step.forward import branch_logits, position_ids
+from creditlab.step.losses import gather_logprobs
 from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
 
 
@@ -76,7 +76,7 @@ class ModelPolicyHandle(PolicyHandle):
         temperature: Sampling temperature of training rollouts (log-probs use it).
         micro_batch_size: Rows per forward pass in :meth:`logprobs` (0 = all at once).
         rollout_fn: The run's :data:`~creditlab.interfaces.SampleFn` (its
-            :class:`~creditlab.rollout.RolloutSampler`), behind :meth:`rollouts`.
+            :class:`~creditlab.step.rollout.RolloutSampler`), behind :meth:`rollouts`.
         chat_template: How :meth:`encode` encodes problem prompts (``rollout.chat_template``:
             ``auto``, ``True`` or ``False``; :func:`encode_prompt`), so every part encodes a
             problem as the rollouts and the evaluation do.
@@ -143,7 +143,7 @@ class ModelPolicyHandle(PolicyHandle):
         branch_mask: torch.Tensor,
     ) -> torch.Tensor:
         """Each trunk runs once; branches continue from its KV cache
-        (:func:`creditlab.forward.branch_logits`), or the plain default when the model's cache
+        (:func:`creditlab.step.forward.branch_logits`), or the plain default when the model's cache
         cannot be shared."""
         input_ids, attention_mask, rows, at, branch_ids, branch_mask = (
             x.to(self.device) for x in (input_ids, attention_mask, rows, at, branch_ids, branch_mask))

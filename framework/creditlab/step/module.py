@@ -7,7 +7,7 @@ the run's sampler, every estimator receives the same :class:`~creditlab.types.Ro
 Randomness is a pure function of ``(seed, rl_step, rank)``: a run resumed from a checkpoint draws
 the same prompts and samples as an uninterrupted one.
 
-Data parallel (Lightning's DDP; :mod:`creditlab.distributed`): each rank runs the step on its share
+Data parallel (Lightning's DDP; :mod:`creditlab.step.distributed`): each rank runs the step on its share
 of the prompts, the loss denominators are global and DDP averages the gradients, so the update is
 the single-process update of the global batch; metrics are global and rank 0 logs them.
 """
@@ -23,11 +23,6 @@ from typing import Any
 import lightning as L
 import torch
 
-from creditlab.aggregation import MiniBatchStats
-from creditlab.credit import CreditMetrics
-from creditlab.distributed import all_max, gradient_sync, rank_and_world, reduce_metrics, shard
-from creditlab.evaluation import EvalConfig, evaluate_problems, gather_outcomes
-from creditlab.forward import response_logits as shared_prompt_logits
 from creditlab.interfaces import (
     AdvantageEstimator,
     GenerationBackend,
@@ -38,10 +33,15 @@ from creditlab.interfaces import (
     Verifier,
 )
 from creditlab.loggers import log_problems
-from creditlab.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
-from creditlab.policy import ModelPolicyHandle
-from creditlab.rollout import RolloutSampler, collate, with_segments
-from creditlab.step_metrics import batch_metrics, one_writer_per_key, warn_if_no_answers
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.credit import CreditMetrics
+from creditlab.step.distributed import all_max, gradient_sync, rank_and_world, reduce_metrics, shard
+from creditlab.step.evaluation import EvalConfig, evaluate_problems, gather_outcomes
+from creditlab.step.forward import response_logits as shared_prompt_logits
+from creditlab.step.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
+from creditlab.step.policy import ModelPolicyHandle
+from creditlab.step.rollout import RolloutSampler, collate, with_segments
+from creditlab.step.step_metrics import batch_metrics, one_writer_per_key, warn_if_no_answers
 from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum, Trajectory
 
 
@@ -334,7 +334,7 @@ class CreditAssignmentModule(L.LightningModule):
         return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
 
     def warn_if_no_answers(self, trajectories: Sequence[Trajectory]) -> bool:
-        """See :func:`creditlab.step_metrics.warn_if_no_answers`."""
+        """See :func:`creditlab.step.step_metrics.warn_if_no_answers`."""
         return warn_if_no_answers(trajectories, self.names)
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -347,7 +347,7 @@ class CreditAssignmentModule(L.LightningModule):
         """(b, T, V) logits predicting each response token of ``rows``.
 
         Each distinct prompt among ``rows`` is run once and its KV cache shared by the rows (see
-        :func:`creditlab.forward.response_logits`); equal to the plain forward's logits.
+        :func:`creditlab.step.forward.response_logits`); equal to the plain forward's logits.
         """
         model = model if model is not None else self.policy
         ids, mask = rollout.input_ids[rows], rollout.attention_mask[rows]
@@ -387,7 +387,7 @@ class CreditAssignmentModule(L.LightningModule):
 
     def part_metrics(self, rollout: RolloutBatch, advantages: Advantages) -> dict[str, float]:
         """This rank's estimator, credit and part metrics (``train/<kind>/<key>``; raises
-        :class:`~creditlab.step_metrics.MetricClash` when two channels write one key)."""
+        :class:`~creditlab.step.step_metrics.MetricClash` when two channels write one key)."""
         channels = [
             ("advantage", f"{type(self.parts.advantage).__name__}.estimate()", dict(advantages.metrics)),
             ("credit", "CreditMetrics", self.credit(rollout, advantages.values)),

@@ -16,7 +16,6 @@ from dataclasses import replace
 
 import torch
 
-from creditlab.generation import generate_thoughts
 from creditlab.interfaces import (
     GenerationBackend,
     PolicyHandle,
@@ -25,6 +24,7 @@ from creditlab.interfaces import (
     SampleFn,
     Verifier,
 )
+from creditlab.step.generation import generate_thoughts
 from creditlab.types import (
     Completion,
     GenerationRequest,

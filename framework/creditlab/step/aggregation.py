@@ -64,7 +64,7 @@ class MiniBatchStats:
             loss_mask: (B, T) mask of the WHOLE mini-batch (every micro-batch, every rank). On a
                 real multi-process run, build each rank's stats from its shard and combine them
                 with :meth:`all_reduce` instead.
-            cfg: A :class:`~creditlab.losses.LossConfig` (supplies ``norm_constant``), or None.
+            cfg: A :class:`~creditlab.step.losses.LossConfig` (supplies ``norm_constant``), or None.
             world_size: Number of data-parallel ranks.
         """
         m = loss_mask.detach().to(torch.float64)
@@ -111,7 +111,7 @@ def aggregate(
     Args:
         per_token: (b, T) per-token loss; any value at untrained positions (even inf/NaN).
         mask: (b, T) loss mask of this micro-batch (weights; trained where > 0).
-        cfg: A :class:`~creditlab.losses.LossConfig` (supplies ``agg``).
+        cfg: A :class:`~creditlab.step.losses.LossConfig` (supplies ``agg``).
         stats: Denominators of the whole mini-batch.
 
     Returns:

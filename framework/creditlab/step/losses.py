@@ -5,7 +5,7 @@ Everything here is a pure function of tensors. Shapes: ``B`` sequences (``b`` in
 ``loss_mask > 0``; the mask value is used as a weight (``ℓ·M``), so 0/1 masks give the usual sums.
 
 Aggregation over a mini-batch, with denominators that make the loss invariant to micro-batching,
-gradient accumulation and data parallel, is in :mod:`creditlab.aggregation`.
+gradient accumulation and data parallel, is in :mod:`creditlab.step.aggregation`.
 
 **Garbage safety.** Values at untrained positions (old/ref log-probs, advantages, padding columns)
 never reach the loss or the gradient: they are replaced by 0 with ``torch.where`` *before* any
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from creditlab.aggregation import AGG_MODES, MiniBatchStats, aggregate
 from creditlab.errors import ConfigError
+from creditlab.step.aggregation import AGG_MODES, MiniBatchStats, aggregate
 
 MODES = ("reinforce", "clip")
 KL_ESTIMATORS = ("k1", "k2", "k3")

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from creditlab.distributed import all_sum, gather_floats
 from creditlab.errors import RegistryError
+from creditlab.step.distributed import all_sum, gather_floats
 from creditlab.types import RolloutBatch, Trajectory
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from creditlab.distributed import rank_and_world
 from creditlab.interfaces import GenerationBackend, PolicyHandle, Verifier
-from creditlab.rollout import sample
+from creditlab.step.distributed import rank_and_world
+from creditlab.step.rollout import sample
 from creditlab.types import GenerationRequest, Mean, Problem, RolloutConfig, Sum
 
 
@@ -109,7 +109,7 @@ class ProblemOutcomes:
 
 def gather_outcomes(mine: ProblemOutcomes) -> ProblemOutcomes:
     """Every rank's outcomes, concatenated in rank order (a collective; identity in one process).
-    The ranks score contiguous shares (:func:`creditlab.distributed.shard`), so rank order is
+    The ranks score contiguous shares (:func:`creditlab.step.distributed.shard`), so rank order is
     the test rows' order."""
     world = rank_and_world()[1]
     if world == 1:
