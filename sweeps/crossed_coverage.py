@@ -1,6 +1,6 @@
 """Coverage of the per-problem test over seeds x problems, by simulation: how often its 95%
 interval holds the true mean difference, for the test ``creditlab compare`` runs
-(:func:`creditlab.significance.crossed_test`, crossed random effects with Satterthwaite degrees of
+(:func:`creditlab.analysis.significance.crossed_test`, crossed random effects with Satterthwaite degrees of
 freedom) and for the crossed bootstrap it replaced (:func:`crossed_bootstrap`, kept here as it was).
 
     OMP_NUM_THREADS=1 python sweeps/crossed_coverage.py     # docs/comparing.md's table (~80 s on one core)
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from creditlab.significance import crossed_test
+from creditlab.analysis.significance import crossed_test
 
 #: Scenario -> (seed sd, problem sd, noise sd) of the additive model ``d = μ + a_s + b_p + e_sp``.
 #: At 5 seeds x 200 problems the mean's variance is 87% seeds (``seed``), 82% problems
@@ -62,7 +62,7 @@ def draw(scenario: str, seeds: int, problems: int, rng: np.random.Generator) -> 
 
 def crossed_bootstrap(d: np.ndarray, resamples: int, rng: np.random.Generator) -> tuple[float, float]:
     """The 95% percentile interval of the crossed (pigeonhole) bootstrap ``creditlab compare`` used
-    before :func:`~creditlab.significance.crossed_test` (Owen 2007): each draw resamples the seeds
+    before :func:`~creditlab.analysis.significance.crossed_test` (Owen 2007): each draw resamples the seeds
     and, independently, the problems with replacement and takes the mean of the crossed cells. As
     it was, but the problems' counts come from ``bincount`` of uniform draws (the same
     multinomial distribution, faster)."""

@@ -9,7 +9,7 @@ start (the same bytes on every machine, ``creditlab_arith.shipped``); what varie
 machine or user would vary: the RL seed (0, 1, 2), and torch's, oneDNN's and MKL's kernels
 restricted to AVX2 (as on a CPU without AVX-512) or to torch's baseline (``default``, SSE4). A
 restricted stand-in's run must record that torch used those kernels. Each stand-in's headline
-(:mod:`creditlab.headline`: held-out sampled accuracy, the mean of the last 5 evaluations minus
+(:mod:`creditlab.analysis.headline`: held-out sampled accuracy, the mean of the last 5 evaluations minus
 step 0, with its 95% interval over problems) is printed, and the check exits with status 1 when a
 gain is below ``--min-gain`` or its interval reaches 0 (or a run failed). Run it after a lock
 refresh (``locks/README.md``): about 5 minutes per stand-in on 2 cores.

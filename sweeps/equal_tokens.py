@@ -10,11 +10,11 @@ the cheaper method up to one evaluation interval of extra budget (docs/methods/p
 20% more trained tokens for the oracle on `experiment=credit_trap`). Here the budget B is the smaller of the two runs'
 totals at their last evaluations; that run is read at its last evaluation, and the other run's
 per-problem outcomes at B are interpolated between its two evaluations around B (sampled
-accuracy: correct / samples; greedy: 0/1 read as a probability): :mod:`creditlab.budgets`, the
+accuracy: correct / samples; greedy: 0/1 read as a probability): :mod:`creditlab.analysis.budgets`, the
 interpolation ``creditlab compare``'s pre-registered section uses. Runs are
 ``<dir>/<method>-seed<s>``; seeds both methods finished are paired. Printed: the mean difference
 per problem with the crossed random-effects t-test over seeds and problems
-(``creditlab.significance.crossed_test``; the numbers in docs/methods/positive_control.md came
+(``creditlab.analysis.significance.crossed_test``; the numbers in docs/methods/positive_control.md came
 from the crossed bootstrap it replaced), each seed's mean, and the exact sign-flip test over seeds.
 """
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from creditlab.budgets import outcomes_at_budget, totals
-from creditlab.problem_records import read_records
-from creditlab.rundirs import CompareError
-from creditlab.significance import crossed_test, paired_test
+from creditlab.analysis.budgets import outcomes_at_budget, totals
+from creditlab.analysis.problem_records import read_records
+from creditlab.analysis.rundirs import CompareError
+from creditlab.analysis.significance import crossed_test, paired_test
 
 
 def _totals(run: Path, key: str) -> dict[int, float]:

@@ -12,7 +12,7 @@ run's ``task.max_steps``) and prints Markdown tables:
 * per H, each method against the baseline (``grpo``) *at equal trained tokens* (each pair of
   runs compared at the last evaluation within the smaller of their trained-token totals): the
   mean per-problem difference with the crossed random-effects t-test over seeds x problems
-  (:func:`creditlab.significance.crossed_test`, the test ``creditlab compare`` runs; the tables of
+  (:func:`creditlab.analysis.significance.crossed_test`, the test ``creditlab compare`` runs; the tables of
   docs/methods/horizon.md were made with the crossed bootstrap it replaced) and the exact
   sign-flip test over the seed means beside it.
 
@@ -29,9 +29,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from creditlab.problem_records import MIN_SEEDS_FOR_P, matched_steps, outcomes, read_records, value_at
-from creditlab.rundirs import Run, find_runs, load_run
-from creditlab.significance import crossed_test, paired_test
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P, matched_steps, outcomes, read_records, value_at
+from creditlab.analysis.rundirs import Run, find_runs, load_run
+from creditlab.analysis.significance import crossed_test, paired_test
 
 METRIC = "eval/pass@1"
 KEY = "tokens/trained"

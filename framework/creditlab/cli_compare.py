@@ -1,5 +1,5 @@
-"""``creditlab compare RUN_DIR...``: its options, then the comparison (:mod:`creditlab.compare`)
-and the report (:mod:`creditlab.report`); docs/comparing.md explains every number.
+"""``creditlab compare RUN_DIR...``: its options, then the comparison (:mod:`creditlab.analysis.compare`)
+and the report (:mod:`creditlab.analysis.report`); docs/comparing.md explains every number.
 
 The report's modules (matplotlib, scipy) are imported when the command runs, as ``cli.py``'s
 other subcommands do, so that ``creditlab --help`` answers at once.
@@ -50,8 +50,8 @@ def main(argv: list[str]) -> None:
     if args.prereg is not None and args.no_prereg:
         exit_with("--prereg FILE and --no-prereg contradict each other: give one")
 
-    from creditlab.compare import CompareError, compare  # the report's modules (see the module doc)
-    from creditlab.report import print_summary, write_report
+    from creditlab.analysis.compare import CompareError, compare  # the report's modules (see the module doc)
+    from creditlab.analysis.report import print_summary, write_report
 
     try:
         result = compare(args.paths, by, args.baseline, args.threshold, args.metric, args.bootstrap, args.seed,

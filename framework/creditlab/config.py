@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from creditlab.analysis.preregistration import parse as parse_preregistration
 from creditlab.compose import CONF_DIR
 from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.layout import plan
 from creditlab.models import ModelConfig
-from creditlab.preregistration import parse as parse_preregistration
 from creditlab.registry import REGISTRIES, build_config
 from creditlab.step.evaluation import EvalConfig
 from creditlab.step.losses import LossConfig
@@ -29,7 +29,7 @@ from creditlab.types import RolloutConfig
 #: ``rollout`` section also holds the core's :class:`~creditlab.types.RolloutConfig` keys.
 PART_KINDS = ("task", "backend", "verifier", "segmenter", "reset_selector", "rollout", "advantage")
 LIBRARY_SECTIONS = ("trainer", "logger", "optim", "hydra")
-#: How the runs will be compared (:mod:`creditlab.preregistration`); recorded, not used by training.
+#: How the runs will be compared (:mod:`creditlab.analysis.preregistration`); recorded, not used by training.
 DECLARATIONS = ("preregistration",)
 ROLLOUT_KEYS = frozenset(f.name for f in fields(RolloutConfig))
 
@@ -293,7 +293,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
 
     Returns:
         ``run`` (:class:`RunConfig`), ``preregistration`` (a
-        :class:`~creditlab.preregistration.Preregistration` or None), ``rollout`` (the core's
+        :class:`~creditlab.analysis.preregistration.Preregistration` or None), ``rollout`` (the core's
         :class:`~creditlab.types.RolloutConfig`), ``loss``, ``eval``, ``model``, ``(class, config)``
         per part kind (the rollout strategy's under ``rollout_strategy``), and ``launch`` (the
         :class:`~creditlab.layout.LaunchPlan`) when there is a ``trainer`` section.

@@ -12,7 +12,7 @@ from typing import Any
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from creditlab.problem_records import PROBLEMS_FILE
+from creditlab.analysis.problem_records import PROBLEMS_FILE
 
 
 def _step(line: str) -> float:
@@ -69,7 +69,7 @@ class JsonlLogger(Logger):
 
     @rank_zero_only
     def log_problems(self, record: dict[str, Any]) -> None:
-        """Append one evaluation's per-problem line (format: :mod:`creditlab.problem_records`)."""
+        """Append one evaluation's per-problem line (format: :mod:`creditlab.analysis.problem_records`)."""
         with self.problems_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

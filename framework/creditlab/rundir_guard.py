@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from creditlab.analysis.rundirs import flatten
 from creditlab.errors import ConfigError, InputError
-from creditlab.rundirs import flatten
 
 #: The lock file in a run directory (its content names the holder; the lock itself is the kernel's).
 LOCK_FILE = ".lock"

@@ -23,13 +23,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 
+from creditlab.analysis.headline import headline
+from creditlab.analysis.problem_records import read_records
 from creditlab.config import build_parts
 from creditlab.datamodule import TaskDataModule
 from creditlab.errors import InputError
-from creditlab.headline import headline
 from creditlab.loggers import JsonlLogger, read_metrics
 from creditlab.models import is_peft, load_policy
-from creditlab.problem_records import read_records
 from creditlab.progress import StepProgressBar, quiet_library_output
 from creditlab.rundir_guard import RunStopped
 from creditlab.step.module import CreditAssignmentModule, Parts

@@ -191,7 +191,7 @@ def test_decompose_sweeps_run_the_controls_on_equal_budgets_and_declare_their_co
     """Issue 38's decomposition: grpo, the oracle reset and the four controls x 8 seeds on one warm
     start and one budget; the pre-registered contrasts are groups of the sweep, tested against
     grpo on sampled accuracy, and every control trains GRPO's tokens with GRPO's loss."""
-    from creditlab.preregistration import parse
+    from creditlab.analysis.preregistration import parse
 
     cells, budgets, models, declared = set(), set(), set(), set()
     for job in sweep_jobs(sweep):
@@ -226,7 +226,7 @@ def _same_eval_but_cadence(a, b) -> bool:
 def test_place_multi_is_the_decomposition_budget_for_every_other_method():
     """sweeps/place_multi.yaml: the six other methods x 8 seeds on credit_multi with the budgets
     and warm start of decompose_multi (whose grpo runs are its baseline), each a declared contrast."""
-    from creditlab.preregistration import load
+    from creditlab.analysis.preregistration import load
 
     base = compose_sweep_job("decompose_multi", next(iter(sweep_jobs("decompose_multi"))))
     cells = set()
@@ -247,7 +247,7 @@ def test_place_multi_is_the_decomposition_budget_for_every_other_method():
 def test_confirm_multi_repeats_the_decomposition_on_fresh_seeds_with_one_contrast():
     """sweeps/confirm_multi.yaml: grpo and oracle_credit on seeds 8-19 (none of decompose_multi's),
     every other key of the config as decompose_multi's, one declared contrast (no Holm penalty)."""
-    from creditlab.preregistration import load
+    from creditlab.analysis.preregistration import load
 
     base = {run: compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
             for run in [(dict(o.split("=", 1) for o in job)["method"])]}

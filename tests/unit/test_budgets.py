@@ -1,9 +1,9 @@
-"""creditlab.budgets: two runs read at exactly equal budgets, by hand (the interpolation
+"""creditlab.analysis.budgets: two runs read at exactly equal budgets, by hand (the interpolation
 ``creditlab compare``'s pre-registered section, its ``--at-equal`` and ``sweeps/equal_tokens.py``
 share)."""
 
 import pytest
-from creditlab.budgets import (
+from creditlab.analysis.budgets import (
     at_budget,
     bracket,
     metric_at_budget,
@@ -13,7 +13,7 @@ from creditlab.budgets import (
     read_pair,
     totals,
 )
-from creditlab.rundirs import CompareError, load_run
+from creditlab.analysis.rundirs import CompareError, load_run
 
 from tests.unit.test_compare import make_run
 

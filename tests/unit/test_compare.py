@@ -8,10 +8,10 @@ import socket
 
 import pytest
 import yaml
-from creditlab import significance, stats
+from creditlab.analysis import significance, stats
+from creditlab.analysis.compare import CompareError, aggregate_curve, compare
+from creditlab.analysis.rundirs import find_runs, load_run
 from creditlab.cli import main
-from creditlab.compare import CompareError, aggregate_curve, compare
-from creditlab.rundirs import find_runs, load_run
 from scipy import stats as scipy_stats
 
 EVALS = {0: 0.5, 2: 0.6, 4: 0.8}

@@ -7,8 +7,8 @@ import json
 import math
 
 import pytest
+from creditlab.analysis.compare import CompareError, compare
 from creditlab.cli import main
-from creditlab.compare import CompareError, compare
 from scipy import stats as scipy_stats
 
 from tests.unit.test_compare import make_run

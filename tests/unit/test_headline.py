@@ -1,11 +1,11 @@
-"""A run's headline gain (creditlab.headline) by hand."""
+"""A run's headline gain (creditlab.analysis.headline) by hand."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from creditlab.headline import headline
+from creditlab.analysis.headline import headline
 
 
 def rec(step: int, correct: list[int], greedy: list[int]) -> dict:

@@ -1,7 +1,7 @@
-"""Holm's step-down adjustment (creditlab.significance.holm), by hand."""
+"""Holm's step-down adjustment (creditlab.analysis.significance.holm), by hand."""
 
 import pytest
-from creditlab.significance import holm
+from creditlab.analysis.significance import holm
 
 
 def test_the_brief_example_by_hand():

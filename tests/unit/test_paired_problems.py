@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 import pytest
+from creditlab.analysis.compare import CompareError, compare
+from creditlab.analysis.problem_records import PROBLEMS_FILE, check_budget_key, matched_steps, read_records
+from creditlab.analysis.report import problem_rows, to_json
+from creditlab.analysis.rundirs import load_run
+from creditlab.analysis.significance import crossed_test, mean_squares
 from creditlab.cli import main
-from creditlab.compare import CompareError, compare
-from creditlab.problem_records import PROBLEMS_FILE, check_budget_key, matched_steps, read_records
-from creditlab.report import problem_rows, to_json
-from creditlab.rundirs import load_run
-from creditlab.significance import crossed_test, mean_squares
 from creditlab.step import evaluation
 from creditlab.step.distributed import shard
 from creditlab.step.evaluation import EvalConfig, ProblemOutcomes, evaluate_problems, gather_outcomes

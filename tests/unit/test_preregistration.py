@@ -3,10 +3,10 @@ choices), recorded in the run's config, read back from a file; a resume of a run
 the key existed sees no difference."""
 
 import pytest
+from creditlab.analysis.preregistration import Contrast, Preregistration, load, parse
 from creditlab.cli import check
 from creditlab.config import validate
 from creditlab.errors import ConfigError
-from creditlab.preregistration import Contrast, Preregistration, load, parse
 from creditlab.rundir_guard import config_differences
 
 BLOCK = {"name": "trap", "metric": "eval/sample_accuracy", "budgets": ["steps", "tokens/generated"],

@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
+from creditlab.analysis.rundirs import load_run
 from creditlab.launch import recorded
-from creditlab.rundirs import load_run
 
 
 def _status(path):

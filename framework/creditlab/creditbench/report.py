@@ -2,7 +2,7 @@
 ``scores.png``, ``report.md``, a self-contained ``report.html``, ``bench.json`` and a terminal
 summary (rich).
 
-Markdown and HTML are built from one list of blocks by the renderers of :mod:`creditlab.report`,
+Markdown and HTML are built from one list of blocks by the renderers of :mod:`creditlab.analysis.report`,
 so they always say the same.
 """
 
@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from creditlab.analysis.report import Block, to_html, to_markdown
 from creditlab.creditbench.result import (
     SCORES,
     BenchResult,
@@ -26,7 +27,6 @@ from creditlab.creditbench.result import (
     Interval,
     SelectorScores,
 )
-from creditlab.report import Block, to_html, to_markdown
 
 TITLE = "creditlab credit-bench"
 SCATTER, SCORES_PLOT = "scatter.png", "scores.png"

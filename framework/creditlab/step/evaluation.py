@@ -103,7 +103,7 @@ class ProblemOutcomes:
     correct: list[int] = field(default_factory=list)
 
     def record(self, step: int, samples: int) -> dict[str, Any]:
-        """The ``eval_problems.jsonl`` line of this evaluation (:mod:`creditlab.problem_records`)."""
+        """The ``eval_problems.jsonl`` line of this evaluation (:mod:`creditlab.analysis.problem_records`)."""
         return {"step": step, "samples": samples, "ids": self.ids, "greedy": self.greedy, "correct": self.correct}
 
 

@@ -14,7 +14,7 @@ probability), so the mean of the interpolated outcomes is the interpolated metri
 and :func:`read_outcomes` their per-problem outcomes at the same place; :func:`paired_problem_test`
 tests a group against the baseline over seeds x problems read that way. ``creditlab compare`` uses
 them for ``--at-equal KEY`` (the per-problem test and the seed-level row) and for the
-pre-registered section's budget axes (:mod:`creditlab.confirmatory`), so both read a pair alike;
+pre-registered section's budget axes (:mod:`creditlab.analysis.confirmatory`), so both read a pair alike;
 ``sweeps/equal_tokens.py`` uses these functions too.
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from creditlab.problem_records import MIN_SEEDS_FOR_P, OUTCOMES, PROBLEMS_FILE, ProblemTest, outcomes
-from creditlab.rundirs import CompareError, Run
-from creditlab.significance import crossed_test
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P, OUTCOMES, PROBLEMS_FILE, ProblemTest, outcomes
+from creditlab.analysis.rundirs import CompareError, Run
+from creditlab.analysis.significance import crossed_test
 
 V = TypeVar("V", float, dict)
 
@@ -75,7 +75,7 @@ def at_budget(values: dict[int, V], spent: dict[int, float], budget: float) -> V
 
 def outcomes_at_budget(records: dict[int, dict[str, Any]], spent: dict[int, float], budget: float,
                        metric: str) -> dict[str, float]:
-    """Per-problem outcomes (``problem id -> outcome``, :func:`creditlab.problem_records.outcomes`)
+    """Per-problem outcomes (``problem id -> outcome``, :func:`creditlab.analysis.problem_records.outcomes`)
     of ``records`` (step -> ``eval_problems.jsonl`` record) at ``budget``.
 
     Raises:
@@ -217,7 +217,7 @@ def paired_problem_test(
     For every seed ``s`` both have (``runs`` and ``base_runs`` map the paired seeds to their run)
     and every problem ``p`` recorded by all of these runs: ``d[s, p]`` = outcome of the group's run
     minus the baseline run's, both read by :func:`read_pair` (at exactly equal ``key``, or at
-    their last evaluations); then :func:`~creditlab.significance.crossed_test` of ``d``.
+    their last evaluations); then :func:`~creditlab.analysis.significance.crossed_test` of ``d``.
 
     Args:
         records: ``run path -> read_records(run path)`` (read once per run).

@@ -10,13 +10,13 @@ for ``metrics.jsonl``)::
 
 ``ids`` are in the order of the test rows; ``greedy`` is 1 where the greedy answer was right;
 ``correct`` counts the right answers among ``samples`` samples (an empty list when
-``eval.samples`` is 0). ``creditlab compare`` reads them (:mod:`creditlab.compare`) to test a
-method against the baseline over seeds x problems (:func:`creditlab.significance.crossed_test`).
+``eval.samples`` is 0). ``creditlab compare`` reads them (:mod:`creditlab.analysis.compare`) to test a
+method against the baseline over seeds x problems (:func:`creditlab.analysis.significance.crossed_test`).
 
 ``--at-equal KEY`` compares two runs at exactly the same budget of a cumulative counter
 (:data:`CUMULATIVE`, checked by :func:`check_budget_key`) instead of at their last evaluations,
-read between evaluations: :mod:`creditlab.budgets`, whose
-:func:`~creditlab.budgets.paired_problem_test` builds the seeds x problems differences and tests
+read between evaluations: :mod:`creditlab.analysis.budgets`, whose
+:func:`~creditlab.analysis.budgets.paired_problem_test` builds the seeds x problems differences and tests
 them (:class:`ProblemTest`). :func:`matched_steps` is the older rule ``sweeps/plot_horizon.py``
 still uses: each run's last evaluation *within* the smaller budget.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from creditlab.analysis.rundirs import AXES, CompareError, Run
+from creditlab.analysis.significance import CrossedTest
 from creditlab.errors import closest
-from creditlab.rundirs import AXES, CompareError, Run
-from creditlab.significance import CrossedTest
 
 PROBLEMS_FILE = "eval_problems.jsonl"
 #: Counters a run logs as running totals (``--at-equal`` may name them): every x-axis but the step.
@@ -109,7 +109,7 @@ def final_total(run: Run, key: str) -> float:
 def matched_steps(a: Run, b: Run, metric: str, key: str | None) -> tuple[int, int, float]:
     """The evaluation steps at which runs ``a`` and ``b`` are compared, and the budget
     (``sweeps/plot_horizon.py``'s rule; ``creditlab compare`` reads a pair at exactly equal budgets
-    instead, :func:`creditlab.budgets.read_pair`).
+    instead, :func:`creditlab.analysis.budgets.read_pair`).
 
     Without ``key``: each run's last evaluation (budget nan). With ``key`` (a cumulative counter):
     the budget B is the smaller of the two runs' final totals, and each run is compared at its
@@ -151,7 +151,7 @@ class ProblemTest:
         note: Pairing, outcome and anything left out.
         steps: Per paired seed, ``(seed, group run's step, baseline run's step, budget)``: the
             last evaluations (budget nan), or at a budget the position between the two
-            evaluations around it (:class:`creditlab.budgets.PairRead`).
+            evaluations around it (:class:`creditlab.analysis.budgets.PairRead`).
         p_holm: Holm-adjusted p over the table's tests with a p (None with the correction off).
     """
 

@@ -2,7 +2,7 @@
 
 A sweep sets it (a ``# @package _global_`` sweep file, or an override), so every run's resolved
 ``config.yaml`` records it; ``creditlab compare`` reads it back and tests exactly what it declares
-(:mod:`creditlab.confirmatory`), labelling every other number exploratory::
+(:mod:`creditlab.analysis.confirmatory`), labelling every other number exploratory::
 
     preregistration:
       name: decomposition_trap            # free text
@@ -32,7 +32,7 @@ import yaml
 from creditlab.errors import ConfigError, closest
 
 #: Budget axes: ``steps`` compares the runs' last evaluations (equal RL steps); the others are
-#: cumulative counters, compared at exactly equal budgets (:mod:`creditlab.budgets`).
+#: cumulative counters, compared at exactly equal budgets (:mod:`creditlab.analysis.budgets`).
 BUDGETS = ("steps", "tokens/generated", "tokens/trained", "time/train_s")
 EXPECTATIONS = ("greater", "less", "none")
 KEYS = ("name", "metric", "budgets", "by", "baseline", "contrasts", "alpha", "min_seeds")

@@ -1,7 +1,7 @@
 """Learning curves averaged over seeds for ``creditlab compare``: on the RL-step axis the seeds are
 aligned on the steps they all logged; on token and time axes each seed is interpolated linearly
 onto an even grid over the range every seed covers (no extrapolation). Bands are pointwise 95%
-t half-widths (:mod:`creditlab.stats`).
+t half-widths (:mod:`creditlab.analysis.stats`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from creditlab import stats
-from creditlab.rundirs import Run
+from creditlab.analysis import stats
+from creditlab.analysis.rundirs import Run
 
 
 @dataclass

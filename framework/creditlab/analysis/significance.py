@@ -34,7 +34,7 @@ import numpy as np
 from scipy.stats import permutation_test, trim_mean
 from scipy.stats import t as student_t
 
-from creditlab.stats import t_quantile
+from creditlab.analysis.stats import t_quantile
 
 #: Enumerate every arrangement up to this many (2^16 sign patterns, or 9 vs 9 runs: 48,620
 #: splits; about a second each on one CPU core); beyond, draw ``resamples`` random ones.

@@ -1,6 +1,6 @@
 """Small statistics for comparing runs across seeds: t-intervals, curve areas, threshold crossing
 and linear resampling onto a common grid. Tests of a difference and the IQM are
-:mod:`creditlab.significance`.
+:mod:`creditlab.analysis.significance`.
 
 Everything here is a pure function of its arguments (numpy, and scipy for the t quantiles).
 """

@@ -1,4 +1,4 @@
-"""``compare.json``: the numbers of a :class:`~creditlab.compare.Comparison` for scripts, the same
+"""``compare.json``: the numbers of a :class:`~creditlab.analysis.compare.Comparison` for scripts, the same
 as the report shows (the pre-registered section, each table's tests with their Holm-adjusted p,
 every run's status). ``docs/comparing.md`` lists the fields."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from creditlab.compare import Comparison
-from creditlab.confirmatory import Preregistered
-from creditlab.problem_records import MIN_SEEDS_FOR_P
-from creditlab.significance import CrossedTest, DiffTest
+from creditlab.analysis.compare import Comparison
+from creditlab.analysis.confirmatory import Preregistered
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
+from creditlab.analysis.significance import CrossedTest, DiffTest
 
 
 def diff_json(r: DiffTest) -> dict[str, Any]:

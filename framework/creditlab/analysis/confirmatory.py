@@ -1,4 +1,4 @@
-"""The pre-registered comparison: what a sweep declared (:mod:`creditlab.preregistration`), tested
+"""The pre-registered comparison: what a sweep declared (:mod:`creditlab.analysis.preregistration`), tested
 as declared (DESIGN.md section 9).
 
 ``creditlab compare`` reads the declaration from the runs' ``config.yaml`` (every run must declare
@@ -6,15 +6,15 @@ the same, or ``--prereg FILE`` says which), and for every declared contrast x bu
 the group against the baseline on the declared metric:
 
 - **primary**: the exact sign-flip test over the paired seeds' values
-  (:func:`creditlab.significance.paired_test`), Holm-adjusted over the declared family (every
+  (:func:`creditlab.analysis.significance.paired_test`), Holm-adjusted over the declared family (every
   contrast x budget; a test that cannot run counts as p = 1, so the family never shrinks), and the
   decision at the declared alpha against the prediction;
 - **secondary**: the per-problem crossed t-test over seeds x problems
-  (:func:`creditlab.significance.crossed_test`), from :data:`~creditlab.problem_records.MIN_SEEDS_FOR_P`
+  (:func:`creditlab.analysis.significance.crossed_test`), from :data:`~creditlab.analysis.problem_records.MIN_SEEDS_FOR_P`
   seeds.
 
 A run's value on the ``steps`` axis is its last evaluation; on a token or time axis each pair of
-runs is read at exactly equal budgets, interpolated between evaluations (:mod:`creditlab.budgets`),
+runs is read at exactly equal budgets, interpolated between evaluations (:mod:`creditlab.analysis.budgets`),
 the metric and every problem's outcome alike, as ``--at-equal`` reads them.
 """
 
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from creditlab import significance
-from creditlab.budgets import PairRead, metric_values, paired_problem_test, read_pair
+from creditlab.analysis import significance
+from creditlab.analysis.budgets import PairRead, metric_values, paired_problem_test, read_pair
+from creditlab.analysis.preregistration import Preregistration, load, parse
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
+from creditlab.analysis.rundirs import CompareError, Run
 from creditlab.errors import ConfigError
-from creditlab.preregistration import Preregistration, load, parse
-from creditlab.problem_records import MIN_SEEDS_FOR_P
-from creditlab.rundirs import CompareError, Run
 
 #: Names listed in a message before "and N more".
 SHOWN = 4
@@ -153,14 +153,14 @@ def resolve(name: str, runs: list[Run], by: list[str]) -> str | None:
 
 
 def _read(run: Run, base: Run, metric: str, budget: str) -> PairRead:
-    """Both runs on one budget axis: :func:`creditlab.budgets.read_pair` (``steps``: the last
+    """Both runs on one budget axis: :func:`creditlab.analysis.budgets.read_pair` (``steps``: the last
     evaluations), the reading ``creditlab compare --at-equal`` makes too."""
     return read_pair(run, base, metric, None if budget == "steps" else budget)
 
 
 def _per_problem(pairs: dict[Any, tuple[Run, Run]], budget: str, metric: str,
                  records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[significance.CrossedTest | None, str]:
-    """The seeds x problems test of ``pairs`` on one budget axis (:func:`creditlab.budgets.paired_problem_test`,
+    """The seeds x problems test of ``pairs`` on one budget axis (:func:`creditlab.analysis.budgets.paired_problem_test`,
     as ``--at-equal`` makes it), and why there is none."""
     runs, base = ({s: pair[i] for s, pair in pairs.items()} for i in (0, 1))
     test = paired_problem_test("", runs, base, metric, None if budget == "steps" else budget, records)

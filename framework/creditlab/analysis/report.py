@@ -1,4 +1,4 @@
-"""Render a :class:`~creditlab.compare.Comparison`: PNG plots, ``report.md``, a self-contained
+"""Render a :class:`~creditlab.analysis.compare.Comparison`: PNG plots, ``report.md``, a self-contained
 ``report.html`` (plots embedded), ``compare.json`` and a terminal summary (rich).
 
 The Markdown and HTML reports are built from one list of blocks, so they always say the same.
@@ -19,13 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from creditlab.compare import TESTED, Comparison, GroupStats, Test
-from creditlab.problem_records import MIN_SEEDS_FOR_P
-from creditlab.report_json import to_json
-from creditlab.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
-from creditlab.rundirs import AXES, REWARD
-from creditlab.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
-from creditlab.stats import MeanCI
+from creditlab.analysis.compare import TESTED, Comparison, GroupStats, Test
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
+from creditlab.analysis.report_json import to_json
+from creditlab.analysis.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
+from creditlab.analysis.rundirs import AXES, REWARD
+from creditlab.analysis.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
+from creditlab.analysis.stats import MeanCI
 
 PLOT_FILES = {"step": "curves_step.png", "tokens/trained": "curves_tokens_trained.png",
               "tokens/generated": "curves_tokens_generated.png", "time/train_s": "curves_time.png"}

@@ -1,4 +1,4 @@
-"""The report's "Pre-registered comparison" section (:mod:`creditlab.confirmatory`): the
+"""The report's "Pre-registered comparison" section (:mod:`creditlab.analysis.confirmatory`): the
 declaration, one row per declared contrast x budget axis (the exact seed-level test, its
 Holm-adjusted p over the declared family, the decision at alpha against the prediction, and the
 per-problem test as secondary), and what the rest of the report is: exploratory.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from creditlab.confirmatory import Declared, Preregistered
-from creditlab.problem_records import MIN_SEEDS_FOR_P
+from creditlab.analysis.confirmatory import Declared, Preregistered
+from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
 
 EXPLORATORY = "Exploratory: "
 

@@ -1,16 +1,16 @@
 """``creditlab compare``: aggregate run directories over seeds and test groups against a baseline.
 
-Reading and classifying runs is :mod:`creditlab.rundirs`; the statistics are :mod:`creditlab.stats`;
-rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.report`. ``docs/comparing.md``
+Reading and classifying runs is :mod:`creditlab.analysis.rundirs`; the statistics are :mod:`creditlab.analysis.stats`;
+rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.analysis.report`. ``docs/comparing.md``
 explains every number. The entry point is :func:`compare`; it returns a :class:`Comparison` that
 holds every run (used or not, with its reason), the per-group statistics, the tests against the
-baseline (:mod:`creditlab.significance`) and the aggregated learning curves. Where the runs pair by
+baseline (:mod:`creditlab.analysis.significance`) and the aggregated learning curves. Where the runs pair by
 seed and recorded every problem's outcome (``eval_problems.jsonl``), each group is also tested
-problem by problem over seeds x problems (:mod:`creditlab.problem_records`), at the last
+problem by problem over seeds x problems (:mod:`creditlab.analysis.problem_records`), at the last
 evaluations or at exactly equal budgets of a cumulative counter, read between evaluations
-(``--at-equal``, :mod:`creditlab.budgets`). Each table's p-values
+(``--at-equal``, :mod:`creditlab.analysis.budgets`). Each table's p-values
 get a Holm-adjusted p. When the runs declared their comparison (``preregistration``), it is tested
-as declared first (:mod:`creditlab.confirmatory`); learning curves are :mod:`creditlab.curves`.
+as declared first (:mod:`creditlab.analysis.confirmatory`); learning curves are :mod:`creditlab.analysis.curves`.
 """
 
 from __future__ import annotations
@@ -22,19 +22,18 @@ from pathlib import Path
 from typing import Any
 
 
-from creditlab import significance, stats
-from creditlab.budgets import paired_problem_test, read_pair
-from creditlab.confirmatory import Preregistered, declaration, resolve, run_declared
-from creditlab.curves import REWARD_SMOOTHING, Band, aggregate_curve
-from creditlab.errors import closest
-from creditlab.preregistration import CLAIM_SEEDS, Preregistration
-from creditlab.problem_records import (
+from creditlab.analysis import significance, stats
+from creditlab.analysis.budgets import paired_problem_test, read_pair
+from creditlab.analysis.confirmatory import Preregistered, declaration, resolve, run_declared
+from creditlab.analysis.curves import REWARD_SMOOTHING, Band, aggregate_curve
+from creditlab.analysis.preregistration import CLAIM_SEEDS, Preregistration
+from creditlab.analysis.problem_records import (
     MIN_SEEDS_FOR_P,
     ProblemTest,
     check_budget_key,
     read_records,
 )
-from creditlab.rundirs import (
+from creditlab.analysis.rundirs import (
     AXES,
     REWARD,
     CompareError,
@@ -46,6 +45,7 @@ from creditlab.rundirs import (
     select_used,
     short_names,
 )
+from creditlab.errors import closest
 
 CREDIT_PREFIX = "train/credit/"
 STEP_TIME = "time/step_s"
@@ -198,10 +198,10 @@ def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: in
 
 def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: str | None, resamples: int,
                   seed: int, records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[list[ProblemTest], list[Test]]:
-    """Per non-baseline group: the seeds x problems test (:func:`creditlab.budgets.paired_problem_test`)
+    """Per non-baseline group: the seeds x problems test (:func:`creditlab.analysis.budgets.paired_problem_test`)
     where the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the
     seed-level sign-flip test of the metric with each pair of runs read at exactly equal ``key``,
-    interpolated between evaluations (:func:`creditlab.budgets.read_pair`, as the pre-registered
+    interpolated between evaluations (:func:`creditlab.analysis.budgets.read_pair`, as the pre-registered
     budget axes are). ``records``: ``run path -> read_records(run path)``."""
     out, at_budget = [], []
     for g in groups:
@@ -302,7 +302,7 @@ def compare(
     holm: bool = True,
 ) -> Comparison:
     """Find, read, group and aggregate runs; test each group against the baseline, and what the
-    runs declared (:mod:`creditlab.confirmatory`).
+    runs declared (:mod:`creditlab.analysis.confirmatory`).
 
     Args:
         paths: Run directories and/or folders holding them (searched recursively).
@@ -319,7 +319,7 @@ def compare(
         at_equal: A cumulative counter (``tokens/trained``): the per-problem test, and a seed-level
             test beside final and AUC, read each pair of runs at exactly equal totals of it, the
             smaller of their totals at their last evaluations, interpolated between evaluations
-            (:func:`creditlab.budgets.read_pair`); None: at the last evaluations.
+            (:func:`creditlab.analysis.budgets.read_pair`); None: at the last evaluations.
         prereg: A YAML file with the declaration to test (default: the one the runs' config.yaml
             records, if any).
         use_prereg: False: no pre-registered section (an exploratory comparison).

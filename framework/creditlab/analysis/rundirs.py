@@ -30,7 +30,7 @@ AXES = {
 }
 REWARD = "train/reward/mean"
 #: Keys that may differ between the seeds of a group without a warning (``preregistration``:
-#: compare checks that every run declares the same, :mod:`creditlab.confirmatory`).
+#: compare checks that every run declares the same, :mod:`creditlab.analysis.confirmatory`).
 IGNORED_KEYS = ("seed", "run_dir", "threads", "resume", "checkpoint_every", "tags", "logger",
                 "backend.max_batch_size", "eval.batch_size", "preregistration")
 SKIP_DIRS = {"checkpoints", "wandb", "lightning_logs", "__pycache__"}

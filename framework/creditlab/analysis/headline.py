@@ -6,7 +6,7 @@ last ``last`` evaluations instead, and reads **sampled accuracy** (``eval.sample
 problem at the rollout temperature: what RL optimizes, and 4 x the draws of greedy pass@1) where
 the run recorded it, greedy pass@1 otherwise. Its interval is over problems: for every held-out
 problem ``p``, ``d_p`` = its mean outcome over the last evaluations minus its outcome at step 0
-(:mod:`creditlab.problem_records`), and the 95% t-interval of ``mean(d)`` over the P problems
+(:mod:`creditlab.analysis.problem_records`), and the 95% t-interval of ``mean(d)`` over the P problems
 covers which problems were drawn and the evaluation's own sampling. It does not cover another RL
 seed or another machine: those are stand-ins of their own (``sweeps/demo_check.py``).
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from creditlab.problem_records import outcomes
-from creditlab.stats import t_quantile
+from creditlab.analysis.problem_records import outcomes
+from creditlab.analysis.stats import t_quantile
 
 #: Evaluations averaged at the end of a run.
 LAST = 5
@@ -64,7 +64,7 @@ class Headline:
 
 def headline(records: dict[int, dict[str, Any]], metric: str | None = None, last: int = LAST) -> Headline | None:
     """The headline of a run's per-problem records (``step -> record``, from
-    :func:`creditlab.problem_records.read_records`), or ``None`` without a step-0 record and a later one.
+    :func:`creditlab.analysis.problem_records.read_records`), or ``None`` without a step-0 record and a later one.
 
     Args:
         records: The run's evaluations.
