@@ -51,8 +51,8 @@ def main() -> None:
     import torch
     from creditlab.accel import compile_model
     from creditlab.backends.hf import HFBackend
-    from creditlab.config import build_parts
-    from creditlab.models import load_policy
+    from creditlab.run.config import build_parts
+    from creditlab.run.models import load_policy
     from creditlab.step.aggregation import MiniBatchStats
     from creditlab.step.forward import response_logits
     from creditlab.step.losses import gather_logprobs, policy_loss

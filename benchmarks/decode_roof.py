@@ -66,8 +66,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from creditlab.config import build_parts
-    from creditlab.models import load_policy
+    from creditlab.run.config import build_parts
+    from creditlab.run.models import load_policy
     from creditlab.step.policy import encode_prompt
     from creditlab.testing import check_config
     from creditlab.types import GenerationRequest, SamplingParams

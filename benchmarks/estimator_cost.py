@@ -36,8 +36,8 @@ DEFAULT_METHODS = "grpo,dr_grpo,ibpo,rredcot,oar_g,oar_p"
 
 def checked_for(method: str, extra: list[str]) -> dict[str, Any]:
     """Validated config sections of ``method=<method>`` plus ``extra`` overrides."""
-    from creditlab.compose import compose
-    from creditlab.config import validate
+    from creditlab.run.compose import compose
+    from creditlab.run.config import validate
 
     return validate(compose([f"method={method}", "logger=none", *extra]))
 
@@ -47,8 +47,8 @@ class Bench:
     segmenter, estimator and loss settings."""
 
     def __init__(self, methods: list[str], extra: list[str]) -> None:
-        from creditlab.config import build_parts
-        from creditlab.models import load_policy
+        from creditlab.run.config import build_parts
+        from creditlab.run.models import load_policy
         from creditlab.step.policy import ModelPolicyHandle
         from creditlab.step.rollout import RolloutSampler
 

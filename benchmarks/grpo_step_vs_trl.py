@@ -140,7 +140,7 @@ def adopt_checkpoint(source: str, path: Path) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not Path(source).is_dir():
-        from creditlab.models import ModelConfig, resolve_model_path
+        from creditlab.run.models import ModelConfig, resolve_model_path
 
         source = resolve_model_path(ModelConfig(recipe=source))
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -176,7 +176,7 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     import torch
     from creditlab.backends.hf import HFBackend
     from creditlab.interfaces import Verifier
-    from creditlab.models import ModelConfig, load_policy
+    from creditlab.run.models import ModelConfig, load_policy
     from creditlab.step.evaluation import EvalConfig
     from creditlab.step.losses import LossConfig
     from creditlab.step.module import CreditAssignmentModule, Parts

@@ -1,4 +1,4 @@
-"""creditlab.memory's estimate against the memory a short run really takes, on the CPU.
+"""creditlab.run.memory's estimate against the memory a short run really takes, on the CPU.
 
     .venv/bin/python benchmarks/memory_vs_estimate.py [--json OUT] [--steps 2] OVERRIDE...
 
@@ -42,9 +42,9 @@ def rss() -> int:
 def child(overrides: list[str], out: str) -> None:
     """Run the configured training here, writing the per-phase RSS peaks to ``out`` (JSON)."""
     import creditlab.step.module as module_mod
-    import creditlab.runner as runner
-    from creditlab.compose import compose
-    from creditlab.launch import run
+    import creditlab.run.runner as runner
+    from creditlab.run.compose import compose
+    from creditlab.run.launch import run
 
     trim = ctypes.CDLL("libc.so.6").malloc_trim
     cfg = compose(overrides)
@@ -114,9 +114,9 @@ def main() -> None:
     if args.child:
         return child(overrides, args.child)
 
-    from creditlab.compose import compose
-    from creditlab.config import validate
-    from creditlab.memory import plan_run
+    from creditlab.run.compose import compose
+    from creditlab.run.config import validate
+    from creditlab.run.memory import plan_run
 
     cfg = compose(overrides)
     plan, resolved = plan_run(cfg, validate(cfg))

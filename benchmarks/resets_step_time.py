@@ -30,9 +30,9 @@ from pathlib import Path
 
 
 def run_one(method: str, seed: int, steps: int, threads: int, out: Path, extra: list[str]) -> list[dict]:
-    from creditlab.compose import compose
-    from creditlab.launch import run
-    from creditlab.loggers import read_metrics
+    from creditlab.run.compose import compose
+    from creditlab.run.launch import run
+    from creditlab.run.loggers import read_metrics
 
     overrides = [
         f"method={method}", f"seed={seed}", f"trainer.max_steps={steps}", "eval.every=0", "prompts_per_step=8",

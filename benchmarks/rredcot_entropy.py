@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from creditlab.backends import hf as hf_module
     from creditlab.backends import sampling
-    from creditlab.compose import compose
-    from creditlab.config import build_parts, validate
-    from creditlab.models import load_policy
+    from creditlab.run.compose import compose
+    from creditlab.run.config import build_parts, validate
+    from creditlab.run.models import load_policy
     from creditlab.step.generation import thought_spans
     from creditlab.step.policy import ModelPolicyHandle
     from creditlab.step.rollout import RolloutSampler, collate

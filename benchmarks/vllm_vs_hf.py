@@ -61,7 +61,7 @@ def make_backend(name: str, model, tokenizer, compile_vllm: bool = False):
 
 def bench_generation(args, ckpt: str) -> dict:
     """Tokens/s of ``generate`` for both backends, alternating round by round."""
-    from creditlab.models import ModelConfig, load_policy
+    from creditlab.run.models import ModelConfig, load_policy
     from creditlab.types import GenerationRequest, SamplingParams
 
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
@@ -97,7 +97,7 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     import lightning as L
     import torch
     from creditlab.interfaces import Verifier
-    from creditlab.models import ModelConfig, load_policy
+    from creditlab.run.models import ModelConfig, load_policy
     from creditlab.step.evaluation import EvalConfig
     from creditlab.step.losses import LossConfig
     from creditlab.step.module import CreditAssignmentModule, Parts

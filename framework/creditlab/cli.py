@@ -27,19 +27,19 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from creditlab.compose import (
+from creditlab.cli_compare import main as compare
+from creditlab.errors import ArgumentParser, ConfigError, RegistryError, closest, exit_with
+from creditlab.registry import REGISTRIES, conf_entries
+from creditlab.run.compose import (
     CONF_DIR,
     SUBMITIT_MISSING,
     compose,
     searchpath_override,
     split_searchpath,
 )
-from creditlab.config import PART_KINDS, check_machine, validate
-from creditlab.cli_compare import main as compare
-from creditlab.errors import ArgumentParser, ConfigError, RegistryError, closest, exit_with
-from creditlab.memory import GIB, PHASE_PARTS, plan_run
-from creditlab.registry import REGISTRIES, conf_entries
-from creditlab.rundir_guard import RunDirError, check_run_dir
+from creditlab.run.config import PART_KINDS, check_machine, validate
+from creditlab.run.memory import GIB, PHASE_PARTS, plan_run
+from creditlab.run.rundir_guard import RunDirError, check_run_dir
 
 HYDRA_FLAGS_WITH_VALUE = {
     "--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
@@ -185,7 +185,7 @@ def check(overrides: list[str], machine: bool = True) -> Any:
 
 
 def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
-    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.memory`); no model
+    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.run.memory`); no model
     is loaded and nothing is written."""
     try:
         plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens)
@@ -242,7 +242,7 @@ def train(argv: list[str]) -> None:
                 check_run_dir(cfg.run_dir)
             except RunDirError as exc:
                 exit_with(str(exc))
-    from creditlab.hydra_main import main as hydra_main  # the training stack (see the module doc)
+    from creditlab.run.hydra_main import main as hydra_main  # the training stack (see the module doc)
 
     # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides
     # (a user's own hydra.searchpath is merged into it, not left to replace it).

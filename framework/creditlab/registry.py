@@ -232,7 +232,7 @@ def build_part(kind: str, options: Mapping[str, Any], **kwargs: Any) -> Part:
 
 #: One registry per kind of part, plus model recipes (callables returning a local model path) and
 #: their shapes (callables ``recipe_args -> (transformers config, tokenizer or None)`` that build
-#: no weights, registered under the recipe's name; read by :mod:`creditlab.memory`).
+#: no weights, registered under the recipe's name; read by :mod:`creditlab.run.memory`).
 REGISTRIES: dict[str, Registry[Any]] = {
     kind: Registry(kind, f"creditlab.{kind}", base) for kind, base in INTERFACES.items()
 }

@@ -13,7 +13,7 @@ with the tokenizer, under ``$CREDITLAB_CACHE/models/smollm2_135m-<hash>``.
 The weights are the Q4_1 dequantization (4-bit blocks of 32 with a scale and a minimum), not the
 bf16 release on the hub (``HuggingFaceTB/SmolLM2-135M-Instruct``): results on them are results on
 this quantized copy. Where the hub is reachable, ``model.name_or_path=`` the hub id loads the
-release itself through the same code path (``creditlab.models.load_policy``).
+release itself through the same code path (``creditlab.run.models.load_policy``).
 """
 
 from __future__ import annotations

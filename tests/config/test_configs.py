@@ -5,10 +5,10 @@ import functools
 import pytest
 import torch
 from creditlab.backends.vllm import vllm_available
-from creditlab.compose import CONF_DIR, compose
-from creditlab.config import PART_KINDS, validate
 from creditlab.errors import ConfigError
 from creditlab.registry import REGISTRIES
+from creditlab.run.compose import CONF_DIR, compose
+from creditlab.run.config import PART_KINDS, validate
 from hydra.utils import instantiate
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "experiment")
@@ -101,7 +101,7 @@ def compose_sweep_job(sweep: str, job: list[str]):
 
 @functools.lru_cache(maxsize=None)
 def _compose_sweep_job(sweep: str, job: tuple[str, ...]):
-    from creditlab.compose import searchpath_override
+    from creditlab.run.compose import searchpath_override
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 

@@ -4,7 +4,7 @@ installed under <prefix>/share/creditlab, where creditlab.train looks without a 
 from pathlib import Path
 
 import pytest
-from creditlab.compose import find_conf_dir
+from creditlab.run.compose import find_conf_dir
 
 tomllib = pytest.importorskip("tomllib")
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 from creditlab.backends import vllm as vllm_backend
-from creditlab.compose import CONF_DIR, compose
-from creditlab.config import PART_KINDS, validate
 from creditlab.errors import ConfigError
+from creditlab.run.compose import CONF_DIR, compose
+from creditlab.run.config import PART_KINDS, validate
 
 # The testbed presets (credit_h<H>, docs/methods/horizon.md) are checked with their sweep.
 #: Experiments that are not the paper's settings: the credit testbeds and the offline real-model runs.

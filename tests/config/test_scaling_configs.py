@@ -5,12 +5,12 @@ without it."""
 
 import inspect
 
-import creditlab.compose
+import creditlab.run.compose
 import pytest
 from creditlab import cli
-from creditlab.compose import CONF_DIR, compose
-from creditlab.config import validate
 from creditlab.errors import ConfigError
+from creditlab.run.compose import CONF_DIR, compose
+from creditlab.run.config import validate
 from hydra.utils import get_class, instantiate
 
 
@@ -60,7 +60,7 @@ def test_slurm_launcher_preset_composes_with_its_plugin():
 
 
 def test_slurm_launcher_without_its_plugin_names_the_extra(monkeypatch, capsys):
-    monkeypatch.setattr(creditlab.compose, "_plugin_installed", lambda module: False)
+    monkeypatch.setattr(creditlab.run.compose, "_plugin_installed", lambda module: False)
     with pytest.raises(ConfigError, match=r"pip install 'creditlab\[slurm\]'"):
         compose(["hydra/launcher=slurm"])
     with pytest.raises(SystemExit) as exit_info:

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from creditlab.compose import CONF_DIR, compose
-from creditlab.config import validate
+from creditlab.run.compose import CONF_DIR, compose
+from creditlab.run.config import validate
 from creditlab_resets.buffer import parse_split
 from omegaconf import OmegaConf
 
@@ -83,7 +83,7 @@ def test_wandb_sweep_parses_and_its_parameters_are_valid_overrides():
 def test_sweep_group_and_tags_reach_the_loggers(logger, tmp_path, monkeypatch):
     """With W&B, runs of a sweep share its group and carry its tag (plus the method); with
     ``logger=none`` the group merged in by the sweep does not create a logger."""
-    import creditlab.runner as runner
+    import creditlab.run.runner as runner
 
     made = []
 

@@ -57,8 +57,8 @@ def _weights_bytes(model_path: str) -> int:
     ids=[*METHODS, "grpo-32-true"],
 )
 def test_method_preset_runs_3_steps_on_cuda(tmp_path, method, precision):
-    from creditlab.compose import compose
-    from creditlab.launch import run
+    from creditlab.run.compose import compose
+    from creditlab.run.launch import run
 
     cfg = compose(_overrides(tmp_path, method, precision))
     torch.cuda.empty_cache()

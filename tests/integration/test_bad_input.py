@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 from creditlab.cli import main, plugins
-from creditlab.config import RANGES
-from creditlab.datamodule import TaskDataModule, check_lengths
 from creditlab.errors import InputError
 from creditlab.registry import AUTOLOAD_ENV, REGISTRIES
+from creditlab.run.config import RANGES
+from creditlab.run.datamodule import TaskDataModule, check_lengths
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import char_tokenizer, write_dist
@@ -34,13 +34,13 @@ from tests.integration.conftest import SMALL
 @pytest.fixture
 def train(monkeypatch, capsys, tmp_path):
     """``train(*overrides) -> stderr`` of ``creditlab train``, which must exit 2 before training."""
-    stub = types.ModuleType("creditlab.hydra_main")
+    stub = types.ModuleType("creditlab.run.hydra_main")
 
     def reached() -> None:
         raise AssertionError("the overrides passed the checks: training (and the model load) started")
 
     stub.main = reached
-    monkeypatch.setitem(sys.modules, "creditlab.hydra_main", stub)
+    monkeypatch.setitem(sys.modules, "creditlab.run.hydra_main", stub)
     run_dir = tmp_path / "run"
 
     def run(*overrides: str) -> str:
@@ -129,7 +129,7 @@ def test_too_many_gpus_names_the_count(train, monkeypatch):
 
 
 def test_a_task_brings_its_verifier_and_an_explicit_one_wins():
-    from creditlab.compose import compose
+    from creditlab.run.compose import compose
 
     pairs = {"arith": "arith", "gsm8k": "gsm8k", "math": "math_verify",
              "numina_olympiads": "math_verify", "code": "code_tests"}

@@ -218,8 +218,8 @@ def _observe(monkeypatch: pytest.MonkeyPatch) -> Seen:
 
 
 def _train(run_dir: Path, method: str, precision: str) -> tuple[Seen, list[dict]]:
-    from creditlab.compose import compose
-    from creditlab.launch import run
+    from creditlab.run.compose import compose
+    from creditlab.run.launch import run
 
     with pytest.MonkeyPatch.context() as mp:
         seen = _observe(mp)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 from creditlab.step import policy
 from creditlab_resets import selectors
 

@@ -5,9 +5,9 @@ counts are logged for training and evaluation."""
 import json
 
 import pytest
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 from creditlab_code.sandbox import live_sandbox_processes
 from creditlab_code.verifier import OUTCOMES
 

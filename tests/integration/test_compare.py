@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from creditlab.compose import compose
-from creditlab.launch import run
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
 
 from tests.integration.conftest import SMALL
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from creditlab.loggers import read_metrics
+from creditlab.run.loggers import read_metrics
 
 from tests.integration.conftest import SMALL, stable
 

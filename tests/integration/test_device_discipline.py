@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from creditlab.compose import compose
 from creditlab.creditbench import Bench, BenchSettings
-from creditlab.launch import run
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
 from creditlab.testing.devices import ImplicitDeviceAudit
 
 from tests.integration.conftest import SMALL

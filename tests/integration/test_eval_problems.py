@@ -5,9 +5,9 @@ checkpoint are dropped, as for ``metrics.jsonl``)."""
 import json
 
 import pytest
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 
 from tests.integration.conftest import SMALL
 

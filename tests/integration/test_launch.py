@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from creditlab.launch import RankFailed, recorded, start_ranks
+from creditlab.run.launch import RankFailed, recorded, start_ranks
 
 pytestmark = pytest.mark.slow
 

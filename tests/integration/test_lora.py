@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 
 from tests.integration.conftest import SMALL, stable
 
@@ -45,7 +45,7 @@ def test_lora_run_trains_and_resumes_exactly(runs):
 
 
 # peft 0.21.2's PeftModel.from_pretrained calls transformers 5.24's deprecated is_gradient_checkpointing
-# (peft's call, not creditlab's; creditlab.models silences the same warning around get_peft_model)
+# (peft's call, not creditlab's; creditlab.run.models silences the same warning around get_peft_model)
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 def test_checkpoint_and_peft_adapter_reproduce_the_trained_policy(runs):
     from peft import PeftModel

@@ -1,4 +1,4 @@
-"""creditlab.memory's estimate against a real run's resident memory (benchmarks/memory_vs_estimate.py):
+"""creditlab.run.memory's estimate against a real run's resident memory (benchmarks/memory_vs_estimate.py):
 a tiny random Llama of the tiny recipe's shape, 16 prompts x 8 completions, two RL steps. The
 update's peak RSS growth lies within a factor of 2 of the estimate (measured 1.0-1.25x with
 glibc's default allocator; docs/gpu.md, "Memory before the model loads")."""

@@ -3,9 +3,9 @@ with a chat-templated model — rollout and evaluation prompts are the plain tex
 self-localization prompt alone goes through the chat template (as the official code)."""
 
 import pytest
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 from creditlab.step import policy
 from creditlab_resets import selectors
 

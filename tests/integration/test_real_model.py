@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from creditlab.backends.hf import HFBackend
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 from creditlab.step.policy import encode_prompt
 from creditlab.types import GenerationRequest, SamplingParams
 from creditlab_smollm2.convert import build_smollm2

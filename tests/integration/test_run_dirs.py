@@ -1,6 +1,6 @@
 """A run directory belongs to one run: no silent mixing, no lost config (docs/reproducing.md).
 
-Each case runs the CLI (a subprocess, where signals and locks need one) or ``creditlab.launch.run``
+Each case runs the CLI (a subprocess, where signals and locks need one) or ``creditlab.run.launch.run``
 and asserts the exit status, the one-line message and that ``config.yaml``, ``metrics.jsonl`` and
 the checkpoints of the run already there are intact. The fast cases fail before any training; the
 slow ones share one finished 4-step run (``finished``) as the uninterrupted reference.
@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from creditlab.compose import compose
 from creditlab.errors import ConfigError
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
-from creditlab.rundir_guard import RunDirError, RunDirLock, check_resume
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
+from creditlab.run.rundir_guard import RunDirError, RunDirLock, check_resume
 from omegaconf import OmegaConf
 
 from tests.integration.conftest import SMALL, stable
@@ -110,7 +110,7 @@ def test_a_run_dir_in_use_is_refused_naming_the_holder(tmp_path):
     run_dir = _held_run(tmp_path / "run")
     before = _snapshot(run_dir)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from creditlab.rundir_guard import RunDirLock; "
+        [sys.executable, "-c", "import sys; from creditlab.run.rundir_guard import RunDirLock; "
          "RunDirLock(sys.argv[1]).acquire(); print('held', flush=True); sys.stdin.read()", str(run_dir)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )

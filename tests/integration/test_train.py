@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 
 from tests.integration.conftest import SMALL, stable
 

@@ -1,7 +1,7 @@
 """Chat templates: a model directory whose tokenizer has one is prompted through it.
 
 A tiny Llama and the character-level tokenizer are saved with ``save_pretrained`` together with a
-small Jinja chat template, then loaded back by :func:`creditlab.step.policy.load_policy` as any model
+small Jinja chat template, then loaded back by :func:`creditlab.run.models.load_policy` as any model
 path would be. Prompts must be the rendered template with the generation prompt; the response
 is what the model generates after it; thought-by-thought generation and reset continuations stay
 on token ids (the template is applied once, to the prompt, never to a response prefix).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from creditlab.backends.hf import HFBackend
-from creditlab.models import ModelConfig, load_policy
+from creditlab.run.models import ModelConfig, load_policy
 from creditlab.step.generation import ThoughtConfig, completion_spans, generate_thoughts
 from creditlab.step.policy import ModelPolicyHandle, encode_prompt
 from creditlab.types import GenerationRequest, SamplingParams
@@ -114,9 +114,9 @@ def test_thoughts_and_reset_prefixes_stay_on_token_ids_after_the_template(tmp_pa
 
 @pytest.mark.parametrize("preset", ["olmo-3-7b-instruct", "qwen2.5-14b-instruct", "qwen2.5-7b-instruct"])
 def test_paper_model_presets_name_hub_ids_and_fail_clearly_offline(preset, monkeypatch):
-    from creditlab.compose import compose
-    from creditlab.config import validate
     from creditlab.errors import ConfigError
+    from creditlab.run.compose import compose
+    from creditlab.run.config import validate
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = validate(compose([f"model={preset}"]))["model"]

@@ -4,7 +4,7 @@ errors."""
 import creditlab.step.distributed as distributed
 import pytest
 from creditlab.errors import ConfigError
-from creditlab.layout import _devices, cpu_cores, plan, threads_per_rank
+from creditlab.run.layout import _devices, cpu_cores, plan, threads_per_rank
 from creditlab.step.distributed import reduce_metrics, shard
 from creditlab.types import Max, Mean, Min, Sum, reduction
 

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from creditlab.datamodule import TaskDataModule, split_holdout
 from creditlab.errors import InputError
+from creditlab.run.datamodule import TaskDataModule, split_holdout
 from creditlab.step.evaluation import EvalConfig, evaluate
 from creditlab.types import Completion, Problem, Rewards, RolloutConfig, Sum
 from creditlab_math.tasks import GSM8KTask
@@ -136,9 +136,9 @@ def test_evaluate_logs_how_many_problems_were_scored():
 
 
 def test_the_runner_refuses_before_the_model_loads(tmp_path, monkeypatch):
-    from creditlab import runner
-    from creditlab.compose import compose
-    from creditlab.config import validate
+    from creditlab.run import runner
+    from creditlab.run.compose import compose
+    from creditlab.run.config import validate
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"question": f"q{i}?", "answer": "#### 1"}) + "\n" for i in range(5)))

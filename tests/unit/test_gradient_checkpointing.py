@@ -8,9 +8,9 @@ import functools
 
 import pytest
 import torch
-from creditlab.compose import compose
-from creditlab.config import validate
-from creditlab.models import LoraConfig, apply_lora, enable_gradient_checkpointing, load_policy
+from creditlab.run.compose import compose
+from creditlab.run.config import validate
+from creditlab.run.models import LoraConfig, apply_lora, enable_gradient_checkpointing, load_policy
 from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.evaluation import EvalConfig
 from creditlab.step.forward import _unshareable_mode, response_logits

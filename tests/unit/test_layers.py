@@ -16,7 +16,7 @@ CORE = ROOT / "framework" / "creditlab"
 #: config mistake must answer in seconds; cli.py says so).
 LATE_IMPORTS = {
     "vllm", "peft", "deepspeed", "safetensors",  # optional extras
-    "creditlab.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # cli.py's subcommands
+    "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # cli.py's subcommands
 }
 
 

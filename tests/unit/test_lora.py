@@ -12,7 +12,7 @@ from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.accel.support import supported
 from creditlab.backends.hf import HFBackend
 from creditlab.errors import ConfigError
-from creditlab.models import LoraConfig, ModelConfig, apply_lora, merged_state_dict
+from creditlab.run.models import LoraConfig, ModelConfig, apply_lora, merged_state_dict
 from creditlab.step.evaluation import EvalConfig
 from creditlab.step.forward import response_logits
 from creditlab.step.losses import LossConfig, gather_logprobs

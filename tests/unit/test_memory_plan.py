@@ -1,4 +1,4 @@
-"""creditlab.memory and `creditlab train --dry-run`: the formulas against hand-computed numbers and
+"""creditlab.run.memory and `creditlab train --dry-run`: the formulas against hand-computed numbers and
 against what torch and peft build, the recipe's shape against a built checkpoint, and the dry run
 exits 0 quickly, prints the peak and writes nothing."""
 
@@ -11,10 +11,10 @@ import time
 
 import pytest
 from creditlab.cli import main
-from creditlab.compose import compose
-from creditlab.config import validate
-from creditlab.memory import estimate, lora_linears, shape_of
-from creditlab.models import LoraConfig, apply_lora
+from creditlab.run.compose import compose
+from creditlab.run.config import validate
+from creditlab.run.memory import estimate, lora_linears, shape_of
+from creditlab.run.models import LoraConfig, apply_lora
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from tests.helpers import tiny_model_and_tokenizer

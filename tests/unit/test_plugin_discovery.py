@@ -124,7 +124,7 @@ def test_broken_config_folder_is_skipped_with_a_warning(site):
 def test_plugin_config_cannot_shadow_a_builtin_config(site):
     """A plug-in's ``advantage/grpo.yaml`` is behind conf/ on Hydra's search path: the built-in
     wins, as for parts."""
-    from creditlab.compose import compose
+    from creditlab.run.compose import compose
 
     write_dist(site, "conf-plugin", {"creditlab.conf": {"mine": "cl_test_shadowconf"}}, {
         "cl_test_shadowconf/__init__.py": "",

@@ -5,9 +5,9 @@ the key existed sees no difference."""
 import pytest
 from creditlab.analysis.preregistration import Contrast, Preregistration, load, parse
 from creditlab.cli import check
-from creditlab.config import validate
 from creditlab.errors import ConfigError
-from creditlab.rundir_guard import config_differences
+from creditlab.run.config import validate
+from creditlab.run.rundir_guard import config_differences
 
 BLOCK = {"name": "trap", "metric": "eval/sample_accuracy", "budgets": ["steps", "tokens/generated"],
          "baseline": "grpo", "contrasts": [{"group": "oracle_credit", "expect": "greater"},

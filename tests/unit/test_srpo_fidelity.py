@@ -66,8 +66,8 @@ def test_rollout_chat_template_is_validated():
 
 
 def test_default_config_keeps_the_template_and_a_bad_value_is_a_config_error():
-    from creditlab.compose import compose
-    from creditlab.config import validate
+    from creditlab.run.compose import compose
+    from creditlab.run.config import validate
 
     assert validate(compose([]))["rollout"].chat_template == "auto"
     assert validate(compose(["rollout.chat_template=false"]))["rollout"].chat_template is False

@@ -1,12 +1,12 @@
 """``status.json``: running while the run fits, finished after, failed (with the exception) on
-error (:func:`creditlab.launch.recorded`, around the fit of every run)."""
+error (:func:`creditlab.run.launch.recorded`, around the fit of every run)."""
 
 import json
 import os
 
 import pytest
 from creditlab.analysis.rundirs import load_run
-from creditlab.launch import recorded
+from creditlab.run.launch import recorded
 
 
 def _status(path):

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from creditlab.compose import compose
-from creditlab.config import validate
 from creditlab.errors import ConfigError
 from creditlab.registry import build_part
+from creditlab.run.compose import compose
+from creditlab.run.config import validate
 from creditlab.types import Completion, Problem
 from creditlab_arith.verifier import ArithVerifier
 from creditlab_math.extract import (

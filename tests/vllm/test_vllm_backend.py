@@ -314,7 +314,7 @@ def test_importing_and_validating_does_not_import_vllm():
     import sys
 
     code = (
-        "import sys; import creditlab.step.module, creditlab.config, creditlab.launch; "
+        "import sys; import creditlab.step.module, creditlab.run.config, creditlab.run.launch; "
         "from creditlab.registry import REGISTRIES; cls = REGISTRIES['backend'].get('vllm'); "
         "cls.Config(); assert 'vllm' not in sys.modules, 'vllm imported'"
     )

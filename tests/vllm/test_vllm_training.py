@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from creditlab.backends.vllm import VLLMBackend
-from creditlab.compose import compose
-from creditlab.launch import run
-from creditlab.loggers import read_metrics
+from creditlab.run.compose import compose
+from creditlab.run.launch import run
+from creditlab.run.loggers import read_metrics
 
 from tests.integration.conftest import SMALL
 from tests.vllm.conftest import MARKS

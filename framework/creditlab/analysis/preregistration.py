@@ -17,7 +17,7 @@ A sweep sets it (a ``# @package _global_`` sweep file, or an override), so every
       min_seeds: 8
 
 :func:`parse` checks a block before anything loads (``creditlab train`` calls it through
-:func:`creditlab.config.validate`): an unknown key, a budget that is not an axis, an expectation
+:func:`creditlab.run.config.validate`): an unknown key, a budget that is not an axis, an expectation
 that is not one of three, ends with one line naming the valid choices.
 """
 

@@ -70,7 +70,7 @@ from creditlab.backends.vllm_params import (
 )
 from creditlab.errors import ConfigError, InputError
 from creditlab.interfaces import GenerationBackend
-from creditlab.models import merged_state_dict
+from creditlab.run.models import merged_state_dict
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 #: The one line printed when ``backend=vllm`` is selected without vLLM installed.
@@ -243,7 +243,7 @@ class VLLMBackend(GenerationBackend):
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine should hold: the policy's, with LoRA adapters merged in under
-        the base model's names (:func:`creditlab.models.merged_state_dict`; a plain model's
+        the base model's names (:func:`creditlab.run.models.merged_state_dict`; a plain model's
         ``state_dict()``)."""
         return merged_state_dict(self.model)
 

@@ -25,8 +25,6 @@ import torch
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
-from creditlab.compose import CONF_DIR, compose
-from creditlab.config import build_config, build_parts, validate
 from creditlab.creditbench.result import (
     REDUCTIONS,
     SCORES,
@@ -47,8 +45,10 @@ from creditlab.creditbench.scores import (
 )
 from creditlab.creditbench.truth import ChainTruth, compute_truth, k_needed, noise
 from creditlab.errors import ConfigError
-from creditlab.models import load_policy
 from creditlab.registry import REGISTRIES, conf_dirs
+from creditlab.run.compose import CONF_DIR, compose
+from creditlab.run.config import build_config, build_parts, validate
+from creditlab.run.models import load_policy
 from creditlab.step.generation import completion_spans, span_texts
 from creditlab.step.policy import ModelPolicyHandle
 from creditlab.step.rollout import PlainRolloutStrategy, RolloutSampler, collate, with_segments

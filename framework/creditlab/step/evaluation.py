@@ -34,7 +34,7 @@ class EvalConfig:
             task whose test split is its train split (one data file). 0 = the task's test split.
         allow_train_rows: Score test rows that are also training rows (the same prompt). Off
             (default): such rows are left out of evaluation, and a run whose every test row is a
-            training row stops at start-up naming the fixes (:mod:`creditlab.datamodule`).
+            training row stops at start-up naming the fixes (:mod:`creditlab.run.datamodule`).
         samples: Samples per problem for pass@k (0 = greedy only).
         k: The k of pass@k (must be <= samples).
         temperature: Sampling temperature for pass@k.

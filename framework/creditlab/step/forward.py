@@ -112,7 +112,7 @@ def _unshareable_mode(model: Any) -> bool:
 
     Checkpointing is what ``transformers`` checks: a module whose ``gradient_checkpointing`` flag
     is on and that is itself in training mode, with gradients enabled. It is looked for before
-    the model's own flag, since :func:`creditlab.models.enable_gradient_checkpointing` sets
+    the model's own flag, since :func:`creditlab.run.models.enable_gradient_checkpointing` sets
     ``training`` on the decoder layers only, in a policy kept in eval mode.
     """
     if torch.is_grad_enabled() and any(

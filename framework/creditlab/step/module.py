@@ -32,7 +32,7 @@ from creditlab.interfaces import (
     Segmenter,
     Verifier,
 )
-from creditlab.loggers import log_problems
+from creditlab.run.loggers import log_problems
 from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.credit import CreditMetrics
 from creditlab.step.distributed import all_max, gradient_sync, rank_and_world, reduce_metrics, shard

@@ -17,8 +17,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from creditlab.compose import compose
-from creditlab.config import validate
 from creditlab.interfaces import (
     INTERFACES,
     AdvantageEstimator,
@@ -32,6 +30,8 @@ from creditlab.interfaces import (
     Task,
     Verifier,
 )
+from creditlab.run.compose import compose
+from creditlab.run.config import validate
 from creditlab.testing.fakes import FakePolicyHandle, FakeSampler, make_batch, pad_batch
 from creditlab.types import (
     Advantages,

@@ -16,11 +16,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.analysis.preregistration import parse as parse_preregistration
-from creditlab.compose import CONF_DIR
 from creditlab.errors import ConfigError, RegistryError, closest
-from creditlab.layout import plan
-from creditlab.models import ModelConfig
 from creditlab.registry import REGISTRIES, build_config
+from creditlab.run.compose import CONF_DIR
+from creditlab.run.layout import plan
+from creditlab.run.models import ModelConfig
 from creditlab.step.evaluation import EvalConfig
 from creditlab.step.losses import LossConfig
 from creditlab.types import RolloutConfig
@@ -249,7 +249,7 @@ def _rollout_section(options: dict[str, Any]) -> tuple[RolloutConfig, str, type,
 def check_machine(cfg: DictConfig, launch: Any) -> None:
     """What running ``cfg`` on this machine needs beyond a valid config (:func:`validate` also
     accepts configs meant for other machines): a GPU accelerator needs as many CUDA GPUs as
-    ``trainer.devices`` asks (``launch``: the :class:`~creditlab.layout.LaunchPlan`).
+    ``trainer.devices`` asks (``launch``: the :class:`~creditlab.run.layout.LaunchPlan`).
 
     Raises:
         ConfigError: Naming what this machine has and the setting to use instead.
@@ -296,7 +296,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         :class:`~creditlab.analysis.preregistration.Preregistration` or None), ``rollout`` (the core's
         :class:`~creditlab.types.RolloutConfig`), ``loss``, ``eval``, ``model``, ``(class, config)``
         per part kind (the rollout strategy's under ``rollout_strategy``), and ``launch`` (the
-        :class:`~creditlab.layout.LaunchPlan`) when there is a ``trainer`` section.
+        :class:`~creditlab.run.layout.LaunchPlan`) when there is a ``trainer`` section.
 
     Raises:
         ConfigError: Unknown top-level key or section key, wrong type, inconsistent settings.

@@ -25,13 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from creditlab.analysis.headline import headline
 from creditlab.analysis.problem_records import read_records
-from creditlab.config import build_parts
-from creditlab.datamodule import TaskDataModule
 from creditlab.errors import InputError
-from creditlab.loggers import JsonlLogger, read_metrics
-from creditlab.models import is_peft, load_policy
-from creditlab.progress import StepProgressBar, quiet_library_output
-from creditlab.rundir_guard import RunStopped
+from creditlab.run.config import build_parts
+from creditlab.run.datamodule import TaskDataModule
+from creditlab.run.loggers import JsonlLogger, read_metrics
+from creditlab.run.models import is_peft, load_policy
+from creditlab.run.progress import StepProgressBar, quiet_library_output
+from creditlab.run.rundir_guard import RunStopped
 from creditlab.step.module import CreditAssignmentModule, Parts
 from creditlab.step.rollout import RolloutSampler
 
@@ -130,7 +130,7 @@ def _loggers(
 
 def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Build model, parts, data, module and trainer; fit; return the run's summary (rank 0; other
-    ranks return ``{}``). One process of the run: :mod:`creditlab.launch` decides how many."""
+    ranks return ``{}``). One process of the run: :mod:`creditlab.run.launch` decides how many."""
     run_cfg, rollout, loss, eval_cfg = checked["run"], checked["rollout"], checked["loss"], checked["eval"]
     updates = loss.updates_per_batch
     ckpt, global_step = resume_checkpoint(run_cfg.resume, out_dir, updates)  # before the model loads

@@ -1,11 +1,11 @@
 """Process plumbing of a run: validate, write the run directory's records, start the processes
 (one, or the data-parallel ranks of this machine) and record how the run ended in ``status.json``.
 
-One process (the default): :func:`run` fits in this process (:func:`creditlab.runner.fit`).
+One process (the default): :func:`run` fits in this process (:func:`creditlab.run.runner.fit`).
 
 Several ranks on this machine (``trainer=ddp trainer.devices=N``): this process becomes a
 ``torch.distributed`` elastic agent (the launcher behind ``torchrun``) and starts N workers, each
-``python -m creditlab.launch <run_dir>``; the workers read the run's resolved ``config.yaml``,
+``python -m creditlab.run.launch <run_dir>``; the workers read the run's resolved ``config.yaml``,
 so every rank has the same config and run folder, in single runs and in Hydra sweeps alike
 (Lightning's own ``ddp`` launcher re-runs ``sys.argv``, which under a Hydra multirun starts the
 whole sweep again: Lightning-AI/pytorch-lightning#11300, facebookresearch/hydra#2070; ``ddp_spawn``
@@ -42,14 +42,14 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from creditlab.config import provenance, validate
-from creditlab.environment import environment
 from creditlab.errors import ConfigError
-from creditlab.layout import LaunchPlan, threads_per_rank
-from creditlab.loggers import read_metrics
-from creditlab.models import resolve_model_path
-from creditlab.rundir_guard import RunDirLock, RunStopped, check_resume, check_run_dir
-from creditlab.runner import fit
+from creditlab.run.config import provenance, validate
+from creditlab.run.environment import environment
+from creditlab.run.layout import LaunchPlan, threads_per_rank
+from creditlab.run.loggers import read_metrics
+from creditlab.run.models import resolve_model_path
+from creditlab.run.rundir_guard import RunDirLock, RunStopped, check_resume, check_run_dir
+from creditlab.run.runner import fit
 
 #: Environment variables set for the workers (and restored in this process afterwards).
 WORKER_ENV = ("OMP_NUM_THREADS", "CREDITLAB_THREADS")
@@ -125,7 +125,7 @@ def run(cfg: DictConfig, out_dir: str | Path, records: dict[str, str] | None = N
     """Train as configured, writing everything under ``out_dir``. Returns the run's summary.
 
     The launching process (rank 0) locks ``out_dir`` for the run's life and refuses a config that
-    differs from the run already there (:mod:`creditlab.rundir_guard`) before it writes anything:
+    differs from the run already there (:mod:`creditlab.run.rundir_guard`) before it writes anything:
     ``config.yaml``, ``plugins.json``, ``environment.json`` and ``records`` (``{relative path:
     text}``, e.g. Hydra's ``.hydra/overrides.yaml``).
 
@@ -191,7 +191,7 @@ class RankFailed(RuntimeError):
     """A worker rank failed; the agent stopped the others."""
 
 
-def start_ranks(out_dir: Path, processes: int, threads: int, module: str = "creditlab.launch") -> None:
+def start_ranks(out_dir: Path, processes: int, threads: int, module: str = "creditlab.run.launch") -> None:
     """Run ``processes`` ranks of the run in ``out_dir`` on this machine as workers of an elastic
     agent (``python -m <module> <out_dir>`` each, with ``threads`` torch threads); return when all
     finished.
@@ -222,11 +222,11 @@ def start_ranks(out_dir: Path, processes: int, threads: int, module: str = "cred
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry of a worker rank: ``python -m creditlab.launch <run_dir>`` (started by
+    """Entry of a worker rank: ``python -m creditlab.run.launch <run_dir>`` (started by
     :func:`start_ranks`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        sys.exit("usage: python -m creditlab.launch RUN_DIR (started by creditlab train)")
+        sys.exit("usage: python -m creditlab.run.launch RUN_DIR (started by creditlab train)")
     out_dir = Path(args[0])
     cfg = OmegaConf.load(out_dir / "config.yaml")
     torch.set_num_threads(int(os.environ.get("CREDITLAB_THREADS", "1")))

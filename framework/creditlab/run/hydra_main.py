@@ -1,7 +1,7 @@
 """The Hydra-decorated main used by ``creditlab train`` (one job, or each job of a sweep).
 
 Hydra's own records of a job (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) are
-written by :func:`creditlab.launch.run` once the run holds its folder (``hydra.output_subdir`` is
+written by :func:`creditlab.run.launch.run` once the run holds its folder (``hydra.output_subdir`` is
 null in ``conf/train.yaml``), so a run refused for a busy or different run folder overwrites none
 of them. A run stopped by a signal ends with the signal's exit status and the command that resumes it.
 """
@@ -16,10 +16,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from creditlab.config import CONF_DIR
 from creditlab.errors import InputError, RegistryError
-from creditlab.launch import RankFailed, run
-from creditlab.rundir_guard import RunStopped
+from creditlab.run.config import CONF_DIR
+from creditlab.run.launch import RankFailed, run
+from creditlab.run.rundir_guard import RunStopped
 
 #: Overrides a resume command replaces: where the run is, and how it resumes (``auto``).
 RESUME_REPLACES = ("run_dir", "resume")

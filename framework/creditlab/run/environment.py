@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from creditlab.compose import CONF_DIR
+from creditlab.run.compose import CONF_DIR
 
 #: Libraries whose versions a run records (absent ones are left out).
 DISTRIBUTIONS = (

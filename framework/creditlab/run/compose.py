@@ -22,7 +22,7 @@ def find_conf_dir() -> Path:
     """``conf/`` of the source checkout beside the package (editable installs), else the copy a
     wheel installs under ``<prefix>/share/creditlab/conf`` (pyproject's data-files); the source
     path when neither exists (:func:`compose` then says so)."""
-    source = Path(__file__).resolve().parents[2] / "conf"
+    source = Path(__file__).resolve().parents[3] / "conf"
     if source.is_dir():
         return source
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, sysconfig.get_config_var("userbase") or "")):

@@ -50,8 +50,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from creditlab.errors import ConfigError
-from creditlab.models import DTYPES, ModelConfig
 from creditlab.registry import registry
+from creditlab.run.models import DTYPES, ModelConfig
 from creditlab.step.policy import encode_prompt
 
 GIB = 2**30
@@ -186,7 +186,7 @@ class Plan:
 def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int, eval_prompt: int,
              eval_count: int) -> Plan:
     """The memory plan of one rank of the run (the module docstring has every formula): ``cfg``
-    composed, ``checked`` its :func:`~creditlab.config.validate` sections, ``prompt`` /
+    composed, ``checked`` its :func:`~creditlab.run.config.validate` sections, ``prompt`` /
     ``eval_prompt`` the longest prompt's tokens (train / test split), ``eval_count`` test problems."""
     run, rollout, loss, model, ev = (checked[k] for k in ("run", "rollout", "loss", "model", "eval"))
     launch = checked.get("launch")

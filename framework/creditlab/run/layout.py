@@ -2,7 +2,7 @@
 
 :func:`plan` reads ``trainer.strategy``, ``trainer.devices``, ``trainer.accelerator`` and
 ``trainer.num_nodes`` into a :class:`LaunchPlan` and refuses layouts creditlab cannot run;
-:mod:`creditlab.launch` starts the processes of a valid one. (No Lightning import here: checking
+:mod:`creditlab.run.launch` starts the processes of a valid one. (No Lightning import here: checking
 a config must stay fast.)
 """
 
