@@ -1,8 +1,8 @@
 """``creditlab compare RUN_DIR...``: its options, then the comparison (:mod:`creditlab.analysis.compare`)
 and the report (:mod:`creditlab.analysis.report`); docs/comparing.md explains every number.
 
-The report's modules (matplotlib, scipy) are imported when the command runs, as ``cli.py``'s
-other subcommands do, so that ``creditlab --help`` answers at once.
+The report's modules (matplotlib, scipy) are imported when the command runs, as the other subcommands
+do (:mod:`creditlab.cli`), so that ``creditlab --help`` answers at once.
 """
 
 from __future__ import annotations

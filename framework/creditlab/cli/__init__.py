@@ -4,7 +4,7 @@
 validating every section and plug-in name), so mistakes end with one clear line naming the fix
 instead of a traceback; then it hands over to Hydra, which runs one job or a multirun sweep.
 ``creditlab compare RUN_DIR...`` aggregates finished runs into a report (docs/comparing.md;
-its options: :mod:`creditlab.cli_compare`).
+its options: :mod:`creditlab.cli.compare_command`).
 
 Each subcommand imports its heavy modules when it runs (the training stack imports Lightning,
 ~11 s on a 2-core machine; the report, matplotlib and scipy): the one place in the core where an
@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from creditlab.cli_compare import main as compare
+from creditlab.cli.compare_command import main as compare
 from creditlab.errors import ArgumentParser, ConfigError, RegistryError, closest, exit_with
 from creditlab.registry import REGISTRIES, conf_entries
 from creditlab.run.compose import (
