@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from creditlab.cli import main, plugins
+from creditlab.cli import main
+from creditlab.cli.plugins_command import plugins
 from creditlab.errors import InputError
 from creditlab.registry import AUTOLOAD_ENV, REGISTRIES
 from creditlab.run.config import RANGES

@@ -1,7 +1,7 @@
 """Bad overrides end with one clear line naming the fix."""
 
 import pytest
-from creditlab.cli import check
+from creditlab.cli.overrides import check
 
 
 def _message(capsys, overrides):

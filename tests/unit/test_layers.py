@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "framework" / "creditlab"
 #: Modules a core function may import when it runs: optional dependencies (extras), and the
 #: CLI's subcommands (the training stack imports Lightning, ~11 s: `creditlab plugins` and a
-#: config mistake must answer in seconds; cli.py says so).
+#: config mistake must answer in seconds; creditlab/cli/__init__.py says so).
 LATE_IMPORTS = {
     "vllm", "peft", "deepspeed", "safetensors",  # optional extras
-    "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # cli.py's subcommands
+    "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # the CLI's subcommands
 }
 
 

@@ -63,7 +63,7 @@ def test_broken_plugin_is_reported_and_others_still_work(site, capsys):
     assert reg.get("zero").__name__ == "ZeroAdvantage"
     assert reg.get("grpo").__name__ == "GRPOAdvantage"
 
-    from creditlab.cli import plugins
+    from creditlab.cli.plugins_command import plugins
 
     for r in REGISTRIES.values():
         r.refresh()

@@ -4,7 +4,7 @@ the key existed sees no difference."""
 
 import pytest
 from creditlab.analysis.preregistration import Contrast, Preregistration, load, parse
-from creditlab.cli import check
+from creditlab.cli.overrides import check
 from creditlab.errors import ConfigError
 from creditlab.run.config import validate
 from creditlab.run.rundir_guard import config_differences

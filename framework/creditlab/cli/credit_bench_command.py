@@ -1,0 +1,53 @@
+"""``creditlab credit-bench``: score estimators and reset selectors against Monte-Carlo ground truth
+(docs/credit-bench.md). :mod:`creditlab.creditbench` is imported when the command runs (see
+:mod:`creditlab.cli`)."""
+
+from __future__ import annotations
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+from rich.progress import Progress
+
+from creditlab.cli.overrides import explain
+from creditlab.errors import ArgumentParser, ConfigError, RegistryError, exit_with
+
+
+def credit_bench(argv: list[str]) -> None:
+    """Score every estimator and reset selector against Monte-Carlo ground truth (docs/credit-bench.md)."""
+    parser = ArgumentParser(
+        prog="creditlab credit-bench",
+        description="Sample groups, value every thought boundary by K Monte-Carlo continuations, and score each "
+        "advantage estimator and reset selector against that truth, without training. Other arguments are "
+        "run-config overrides as for creditlab train (model=..., task=..., seed=..., rollout.group_size=...).",
+    )
+    parser.add_argument("--prompts", type=int, default=64, help="prompts of the split (default: 64)")
+    parser.add_argument("--k", type=int, default=32, help="continuations per state (default: 32)")
+    parser.add_argument("--split", default="test", help="task split (default: test)")
+    parser.add_argument("--estimators", default=None, help="comma-separated estimator names (default: all registered)")
+    parser.add_argument("--selectors", default=None, help="comma-separated reset selectors (default: all but none)")
+    parser.add_argument("--sign-threshold", type=float, default=0.25, help="|A_k| above which signs are scored (default: 0.25)")
+    parser.add_argument("--min-reliability", type=float, default=0.5, help="refuse below this truth reliability (default: 0.5)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="prompt resamples for intervals (default: 1000)")
+    parser.add_argument("--rank-by", default="error/mean", help="score/reduction to rank by (default: error/mean, the scale-matched error)")
+    parser.add_argument("--out", default="credit-bench", help="report folder (default: ./credit-bench)")
+    args, overrides = parser.parse_known_args(argv)
+    if unknown := [o for o in overrides if o.startswith("-")]:
+        exit_with(f"unknown option {unknown[0]}; see creditlab credit-bench --help")
+
+    from creditlab.creditbench import Bench, BenchSettings, print_table, write_report
+
+    names = {k: tuple(n.strip() for n in v.split(",") if n.strip()) if v else None
+             for k, v in (("estimators", args.estimators), ("selectors", args.selectors))}
+    settings = BenchSettings(args.prompts, args.k, args.split, names["estimators"], names["selectors"],
+                             args.sign_threshold, args.min_reliability, args.bootstrap, args.rank_by)
+    try:
+        bench = Bench(overrides, settings)
+        with Progress(transient=True) as bar:
+            task = bar.add_task("Monte-Carlo continuations", total=None)
+            result = bench.run(lambda done, total: bar.update(task, completed=done, total=total))
+    except (HydraException, OmegaConfBaseException) as exc:
+        exit_with(explain(exc, overrides))
+    except (ConfigError, RegistryError, ValueError) as exc:
+        exit_with(str(exc))
+    result.settings["command"] = "creditlab credit-bench " + " ".join(argv)
+    print_table(result, paths=write_report(result, args.out))

@@ -1,0 +1,93 @@
+"""``creditlab train [overrides] [-m]``: check the overrides (:mod:`creditlab.cli.overrides`),
+then hand over to Hydra, which runs one job or a multirun sweep; ``--dry-run`` prints the resolved
+parts and the memory estimate instead. The training stack (:mod:`creditlab.run.hydra_main`) is
+imported when the command runs (see :mod:`creditlab.cli`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from creditlab.cli.overrides import check
+from creditlab.errors import ConfigError, RegistryError, exit_with
+from creditlab.run.compose import searchpath_override, split_searchpath
+from creditlab.run.config import validate
+from creditlab.run.memory import GIB, PHASE_PARTS, plan_run
+from creditlab.run.rundir_guard import RunDirError, check_run_dir
+
+HYDRA_FLAGS_WITH_VALUE = {
+    "--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
+    "--package", "-p", "--experimental-rerun",
+}
+INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+
+
+def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
+    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.run.memory`); no model
+    is loaded and nothing is written."""
+    try:
+        plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens)
+    except (ConfigError, RegistryError) as exc:
+        exit_with(str(exc))
+    console = Console(width=120)
+    facts = Table(title="creditlab train --dry-run", show_header=False)
+    for key, value in resolved:
+        facts.add_row(key, value)
+    table = Table(title="memory estimate per device (docs/gpu.md: Memory before the model loads)")
+    for col in ("component", "GiB", "counted in"):
+        table.add_column(col, justify="right" if col == "GiB" else "left")
+    for name, value in plan.parts.items():
+        phases = [p for p, parts in PHASE_PARTS.items() if name in parts and p in plan.phases]
+        table.add_row(name, f"{value / GIB:.3f}", ", ".join(phases) or "host memory (see the note)")
+    for name, value in plan.phases.items():
+        table.add_row(f"[bold]{name}[/bold]", f"[bold]{value / GIB:.3f}[/bold]", "phase total")
+    console.print(facts, table)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    phase, peak = plan.peak
+    console.print(f"[bold]peak: {peak / GIB:.2f} GiB in {phase}[/bold] (the runtime: Python, torch, a CUDA context, "
+                  "is not counted)")
+
+
+def train(argv: list[str]) -> None:
+    """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``); with
+    ``--dry-run [--prompt-tokens N]``, print the resolved parts and the memory estimate instead."""
+    dry = "--dry-run" in argv
+    tokens = None
+    if "--prompt-tokens" in argv:
+        i = argv.index("--prompt-tokens")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not dry or not value.isdigit():
+            exit_with("--prompt-tokens N (the longest prompt in tokens, an integer) goes with --dry-run")
+        tokens, argv = int(value), argv[:i] + argv[i + 2 :]
+    argv = [a for a in argv if a != "--dry-run"]
+    overrides, skip, first = [], False, None
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg in HYDRA_FLAGS_WITH_VALUE or arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_VALUES:
+            skip = True
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+            first = i if first is None else first
+    if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
+        cfg = check(overrides, machine=not dry)  # a dry run may plan for another machine
+        if dry:  # the first combination of a sweep
+            return dry_run(cfg, tokens)
+        if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
+            try:
+                check_run_dir(cfg.run_dir)
+            except RunDirError as exc:
+                exit_with(str(exc))
+    from creditlab.run.hydra_main import main as hydra_main  # the training stack (see the module doc)
+
+    # Hydra's argparse wants the overrides in one run: the search path joins the user's overrides
+    # (a user's own hydra.searchpath is merged into it, not left to replace it).
+    at = first if first is not None else len(argv)
+    user, rest = split_searchpath(argv[at:])
+    sys.argv = ["creditlab train", *argv[:at], *searchpath_override(user), *rest]
+    hydra_main()
