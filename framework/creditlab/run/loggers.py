@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
 from creditlab.analysis.problem_records import PROBLEMS_FILE
+from creditlab.step.eval_hooks import ProblemLogger
 
 
 def _step(line: str) -> float:
@@ -24,7 +25,7 @@ def _step(line: str) -> float:
         return math.inf
 
 
-class JsonlLogger(Logger):
+class JsonlLogger(Logger, ProblemLogger):
     """Appends one JSON object per ``log_metrics`` call: ``{"step": s, "wall": t, **metrics}``, and
     per evaluation every problem's outcome to ``eval_problems.jsonl`` beside it (:meth:`log_problems`).
 
@@ -72,14 +73,6 @@ class JsonlLogger(Logger):
         """Append one evaluation's per-problem line (format: :mod:`creditlab.analysis.problem_records`)."""
         with self.problems_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
-
-
-def log_problems(loggers: list[Any], record: dict[str, Any]) -> None:
-    """Hand one evaluation's per-problem record to the run's :class:`JsonlLogger` (none: a module
-    outside a Trainer); an evaluation that scored nothing writes no line."""
-    for logger in loggers:
-        if isinstance(logger, JsonlLogger) and record["ids"]:
-            logger.log_problems(record)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

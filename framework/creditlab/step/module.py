@@ -10,13 +10,15 @@ the same prompts and samples as an uninterrupted one.
 Data parallel (Lightning's DDP; :mod:`creditlab.step.distributed`): each rank runs the step on its share
 of the prompts, the loss denominators are global and DDP averages the gradients, so the update is
 the single-process update of the global batch; metrics are global and rank 0 logs them.
+
+The module's policy-gradient update is :mod:`creditlab.step.update`, its evaluation hooks
+:mod:`creditlab.step.eval_hooks` (mixins of :class:`CreditAssignmentModule`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +34,16 @@ from creditlab.interfaces import (
     Segmenter,
     Verifier,
 )
-from creditlab.run.loggers import log_problems
-from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.credit import CreditMetrics
-from creditlab.step.distributed import all_max, gradient_sync, rank_and_world, reduce_metrics, shard
-from creditlab.step.evaluation import EvalConfig, evaluate_problems, gather_outcomes
-from creditlab.step.forward import response_logits as shared_prompt_logits
-from creditlab.step.losses import LOSS_METRICS, LossConfig, entropy_from_logits, gather_logprobs, policy_loss
+from creditlab.step.distributed import rank_and_world, reduce_metrics, shard
+from creditlab.step.eval_hooks import EvaluationHooks
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.losses import LossConfig
 from creditlab.step.policy import ModelPolicyHandle
 from creditlab.step.rollout import RolloutSampler, collate, with_segments
 from creditlab.step.step_metrics import batch_metrics, one_writer_per_key, warn_if_no_answers
-from creditlab.types import Advantages, Max, Mean, Problem, RolloutBatch, RolloutConfig, Sum, Trajectory
+from creditlab.step.update import PolicyUpdate
+from creditlab.types import Advantages, Problem, RolloutBatch, RolloutConfig, Trajectory
 
 
 @dataclass
@@ -73,7 +74,7 @@ def step_seed(seed: int, step: int, stream: int = 0, rank: int = 0) -> int:
     return (seed * 1_000_003 + step * 7_919 + stream * 104_729 + rank * 15_485_863) % (2**63 - 1)
 
 
-class CreditAssignmentModule(L.LightningModule):
+class CreditAssignmentModule(EvaluationHooks, PolicyUpdate, L.LightningModule):
     """Trains ``model`` with the given parts.
 
     Args:
@@ -182,31 +183,6 @@ class CreditAssignmentModule(L.LightningModule):
             rollout_fn=self.parts.sampler, chat_template=self.rollout_cfg.chat_template,
         )
 
-    def on_train_start(self) -> None:
-        if self.rl_step == 0 and self.eval_cfg.every > 0:
-            self.run_evaluation(0)
-
-    def on_train_end(self) -> None:
-        if self.eval_cfg.every > 0 and self.rl_step % self.eval_cfg.every != 0:
-            self.run_evaluation(self.rl_step)
-
-    def run_evaluation(self, step: int) -> dict[str, float]:
-        """Evaluate this rank's share of the held-out problems; log the metrics and per-problem outcomes."""
-        count = self.eval_cfg.problems or len(self.eval_problems)
-        mine = shard(self.eval_problems[:count], *rank_and_world())
-        # Under the precision training rollouts sample in (bf16 autocast under bf16-mixed), also
-        # from on_train_start/on_train_end, which Lightning runs outside it.
-        precision = self._trainer.precision_plugin.train_step_context() if self._trainer else nullcontext()
-        with precision:
-            metrics, outcomes = evaluate_problems(
-                self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
-                mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
-            )
-        metrics = reduce_metrics(metrics, weight=len(mine))
-        self.log_metrics(metrics, step)
-        log_problems(self.loggers, gather_outcomes(outcomes).record(step, self.eval_cfg.samples))  # collective
-        return metrics
-
     # -- the RL step -----------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> None:
         step, t0 = self.rl_step, time.perf_counter()
@@ -251,131 +227,9 @@ class CreditAssignmentModule(L.LightningModule):
         if self.eval_cfg.every > 0 and (step + 1) % self.eval_cfg.every == 0:
             self.log("eval_acc", self.run_evaluation(step + 1)["eval/pass@1"], prog_bar=True, logger=False)
 
-    def update(self, rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
-        """``updates_per_batch`` optimizer steps over mini-batches of the rollout batch.
-
-        Under DDP each rank holds its own rows; denominators are summed over ranks, every rank
-        runs as many micro-batches as the rank with the most (the extra ones train nothing) and
-        the gradients are averaged once per mini-batch, with its last micro-batch. Returns global
-        metrics.
-
-        Args:
-            rollout: The padded batch, B rows (this rank's).
-            advantages: (B, T) per-token advantages.
-        """
-        cfg, opt = self.loss_cfg, self.optimizers()
-        n_mini = cfg.updates_per_batch
-        old = self.old_logprobs(rollout) if n_mini > 1 else None
-        ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
-        order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(self.seed_for(self.rl_step, 3)))
-        order = order.to(rollout.device)
-        minis = [  # each mini-batch's denominators over every rank, before any backward
-            (rows, MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg).all_reduce())
-            for rows in torch.tensor_split(order, n_mini)
-        ]
-        tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
-        sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
-        maxima: dict[str, float] = {}
-        for rows, stats in minis:
-            chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
-            n_chunks = int(all_max([len(chunks)])[0])
-            chunks += [None] * (n_chunks - len(chunks))
-            for i, mrows in enumerate(chunks):
-                with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
-                    parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
-                self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
-                for k, v in parts.items():
-                    if LOSS_METRICS[k] == "max":
-                        maxima[f"train/{k}"] = max(maxima.get(f"train/{k}", 0.0), v)
-                    else:
-                        self._add(sums, f"train/{k}", v / n_mini)
-            grad_norm = self.clip_gradients_and_norm()
-            self._add(sums, "train/grad_norm", grad_norm / n_mini)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
-        out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
-        out.update({k: Max(v) for k, v in maxima.items()})
-        return reduce_metrics(out, weight=1.0)
-
-    def backward_rows(
-        self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
-        stats: MiniBatchStats, old: torch.Tensor | None, ref: torch.Tensor | None,
-    ) -> dict[str, float]:
-        """Backpropagate the contribution of ``rows`` (b,) to their mini-batch's loss.
-
-        Args:
-            rollout, advantages: As in :meth:`update`.
-            rows: Row indices, or None when this rank has no more rows in the mini-batch than
-                other ranks have micro-batches: one row is then run with no trained token (an
-                exact zero that still takes part in the strategy's gradient reduction).
-            stats: The whole mini-batch's denominators (every rank).
-            old, ref: (B, T) old / reference log-probs, or None.
-
-        Returns:
-            The loss metric shares, plus ``entropy`` summed over the rows' trained tokens.
-        """
-        pad = rows is None
-        rows = torch.zeros(1, dtype=torch.long, device=rollout.device) if pad else rows
-        mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
-        logits = self.response_logits(rollout, rows)
-        logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
-        old_lp = old[rows] if old is not None else logprobs.detach()
-        ref_lp = ref[rows] if ref is not None else None
-        loss, parts = policy_loss(
-            logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp,
-            engine_logprobs=rollout.gen_logprobs[rows],
-        )
-        self.manual_backward(loss)
-        if pad:
-            return {}
-        with torch.no_grad():
-            entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
-        return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
-
     def warn_if_no_answers(self, trajectories: Sequence[Trajectory]) -> bool:
         """See :func:`creditlab.step.step_metrics.warn_if_no_answers`."""
         return warn_if_no_answers(trajectories, self.names)
-
-    # -- helpers -----------------------------------------------------------------------------------
-    @property
-    def temperature(self) -> float:
-        t = self.rollout_cfg.temperature
-        return t if t > 0 else 1.0
-
-    def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
-        """(b, T, V) logits predicting each response token of ``rows``.
-
-        Each distinct prompt among ``rows`` is run once and its KV cache shared by the rows (see
-        :func:`creditlab.step.forward.response_logits`); equal to the plain forward's logits.
-        """
-        model = model if model is not None else self.policy
-        ids, mask = rollout.input_ids[rows], rollout.attention_mask[rows]
-        return shared_prompt_logits(model, ids, mask, rollout.prompt_len)
-
-    @torch.no_grad()
-    def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:
-        """(B, T) log-probs of the response tokens before any update (or under ``model``)."""
-        micro = self.loss_cfg.micro_batch_size or rollout.size
-        out = []
-        for rows in torch.split(torch.arange(rollout.size, device=rollout.device), micro):
-            logits = self.response_logits(rollout, rows, model)
-            out.append(gather_logprobs(logits, rollout.response_ids[rows], self.temperature))
-        return torch.cat(out) * rollout.response_mask
-
-    def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
-        return self.old_logprobs(rollout, model=self._reference[0])
-
-    def clip_gradients_and_norm(self) -> float:
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-    @staticmethod
-    def _add(sums: dict[str, float], key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value
 
     def step_metrics(self, rollout: RolloutBatch, generated: int) -> dict[str, float]:
         """Reward and length statistics of the global batch (every rank's rows); updates the token

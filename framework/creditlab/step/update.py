@@ -1,0 +1,144 @@
+"""The policy-gradient update of one RL step (a mixin of
+:class:`~creditlab.step.module.CreditAssignmentModule`): ``updates_per_batch`` optimizer steps over
+mini-batches of the rollout batch, micro-batched, with global loss denominators under data
+parallelism (:mod:`creditlab.step.distributed`), the shared-prompt forward
+(:mod:`creditlab.step.forward`) and the losses of :mod:`creditlab.step.losses`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.distributed import all_max, gradient_sync, reduce_metrics
+from creditlab.step.forward import response_logits as shared_prompt_logits
+from creditlab.step.losses import LOSS_METRICS, entropy_from_logits, gather_logprobs, policy_loss
+from creditlab.types import Max, Mean, RolloutBatch, Sum
+
+
+class PolicyUpdate:
+    """The update's methods (the module's ``policy``, ``loss_cfg``, ``rollout_cfg``, ``grad_clip``,
+    KL reference, optimizer and Lightning's ``manual_backward``)."""
+
+    def update(self, rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """``updates_per_batch`` optimizer steps over mini-batches of the rollout batch.
+
+        Under DDP each rank holds its own rows; denominators are summed over ranks, every rank
+        runs as many micro-batches as the rank with the most (the extra ones train nothing) and
+        the gradients are averaged once per mini-batch, with its last micro-batch. Returns global
+        metrics.
+
+        Args:
+            rollout: The padded batch, B rows (this rank's).
+            advantages: (B, T) per-token advantages.
+        """
+        cfg, opt = self.loss_cfg, self.optimizers()
+        n_mini = cfg.updates_per_batch
+        old = self.old_logprobs(rollout) if n_mini > 1 else None
+        ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
+        order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(self.seed_for(self.rl_step, 3)))
+        order = order.to(rollout.device)
+        minis = [  # each mini-batch's denominators over every rank, before any backward
+            (rows, MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg).all_reduce())
+            for rows in torch.tensor_split(order, n_mini)
+        ]
+        tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
+        sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
+        maxima: dict[str, float] = {}
+        for rows, stats in minis:
+            chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
+            n_chunks = int(all_max([len(chunks)])[0])
+            chunks += [None] * (n_chunks - len(chunks))
+            for i, mrows in enumerate(chunks):
+                with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
+                    parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
+                self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
+                for k, v in parts.items():
+                    if LOSS_METRICS[k] == "max":
+                        maxima[f"train/{k}"] = max(maxima.get(f"train/{k}", 0.0), v)
+                    else:
+                        self._add(sums, f"train/{k}", v / n_mini)
+            grad_norm = self.clip_gradients_and_norm()
+            self._add(sums, "train/grad_norm", grad_norm / n_mini)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
+        out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
+        out.update({k: Max(v) for k, v in maxima.items()})
+        return reduce_metrics(out, weight=1.0)
+
+    def backward_rows(
+        self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
+        stats: MiniBatchStats, old: torch.Tensor | None, ref: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Backpropagate the contribution of ``rows`` (b,) to their mini-batch's loss.
+
+        Args:
+            rollout, advantages: As in :meth:`update`.
+            rows: Row indices, or None when this rank has no more rows in the mini-batch than
+                other ranks have micro-batches: one row is then run with no trained token (an
+                exact zero that still takes part in the strategy's gradient reduction).
+            stats: The whole mini-batch's denominators (every rank).
+            old, ref: (B, T) old / reference log-probs, or None.
+
+        Returns:
+            The loss metric shares, plus ``entropy`` summed over the rows' trained tokens.
+        """
+        pad = rows is None
+        rows = torch.zeros(1, dtype=torch.long, device=rollout.device) if pad else rows
+        mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
+        logits = self.response_logits(rollout, rows)
+        logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
+        old_lp = old[rows] if old is not None else logprobs.detach()
+        ref_lp = ref[rows] if ref is not None else None
+        loss, parts = policy_loss(
+            logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp,
+            engine_logprobs=rollout.gen_logprobs[rows],
+        )
+        self.manual_backward(loss)
+        if pad:
+            return {}
+        with torch.no_grad():
+            entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
+        return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
+
+    # -- helpers -----------------------------------------------------------------------------------
+    @property
+    def temperature(self) -> float:
+        t = self.rollout_cfg.temperature
+        return t if t > 0 else 1.0
+
+    def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
+        """(b, T, V) logits predicting each response token of ``rows``.
+
+        Each distinct prompt among ``rows`` is run once and its KV cache shared by the rows (see
+        :func:`creditlab.step.forward.response_logits`); equal to the plain forward's logits.
+        """
+        model = model if model is not None else self.policy
+        ids, mask = rollout.input_ids[rows], rollout.attention_mask[rows]
+        return shared_prompt_logits(model, ids, mask, rollout.prompt_len)
+
+    @torch.no_grad()
+    def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:
+        """(B, T) log-probs of the response tokens before any update (or under ``model``)."""
+        micro = self.loss_cfg.micro_batch_size or rollout.size
+        out = []
+        for rows in torch.split(torch.arange(rollout.size, device=rollout.device), micro):
+            logits = self.response_logits(rollout, rows, model)
+            out.append(gather_logprobs(logits, rollout.response_ids[rows], self.temperature))
+        return torch.cat(out) * rollout.response_mask
+
+    def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
+        return self.old_logprobs(rollout, model=self._reference[0])
+
+    def clip_gradients_and_norm(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    @staticmethod
+    def _add(sums: dict[str, float], key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
