@@ -3,8 +3,10 @@
 Reading and classifying runs is :mod:`creditlab.analysis.rundirs`; the statistics are :mod:`creditlab.analysis.stats`;
 rendering (Markdown, HTML, plots, terminal) is :mod:`creditlab.analysis.report`. ``docs/comparing.md``
 explains every number. The entry point is :func:`compare`; it returns a :class:`Comparison` that
-holds every run (used or not, with its reason), the per-group statistics, the tests against the
-baseline (:mod:`creditlab.analysis.significance`) and the aggregated learning curves. Where the runs pair by
+holds every run (used or not, with its reason), the per-group statistics
+(:mod:`creditlab.analysis.group_stats`), the tests against the baseline
+(:mod:`creditlab.analysis.contrasts`, :mod:`creditlab.analysis.significance`) and the aggregated
+learning curves. Where the runs pair by
 seed and recorded every problem's outcome (``eval_problems.jsonl``), each group is also tested
 problem by problem over seeds x problems (:mod:`creditlab.analysis.problem_records`), at the last
 evaluations or at exactly equal budgets of a cumulative counter, read between evaluations
@@ -15,18 +17,15 @@ as declared first (:mod:`creditlab.analysis.confirmatory`); learning curves are 
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-from creditlab.analysis import significance, stats
-from creditlab.analysis.budgets import paired_problem_test, read_pair
 from creditlab.analysis.confirmatory import Preregistered, declaration, resolve, run_declared
+from creditlab.analysis.contrasts import Test, adjust_holm, claim_warnings, problem_tests, significance_tests
 from creditlab.analysis.curves import REWARD_SMOOTHING, Band, aggregate_curve
-from creditlab.analysis.preregistration import CLAIM_SEEDS, Preregistration
+from creditlab.analysis.group_stats import GroupStats, group_stats, tokens_to_threshold
+from creditlab.analysis.preregistration import Preregistration
 from creditlab.analysis.problem_records import (
     MIN_SEEDS_FOR_P,
     ProblemTest,
@@ -47,58 +46,6 @@ from creditlab.analysis.rundirs import (
 )
 from creditlab.errors import closest
 
-CREDIT_PREFIX = "train/credit/"
-STEP_TIME = "time/step_s"
-TESTED = {"final": "final accuracy", "auc": "AUC"}
-#: A test whose smallest possible p is above this says in its note that it cannot reach it.
-ALPHA = 0.05
-
-
-@dataclass
-class GroupStats:
-    """One group's numbers over its used runs (one run per seed).
-
-    Attributes:
-        label: Group label (config value(s) of the ``--by`` keys).
-        runs: Every run of the group, used or not.
-        values: Per used run, ``(seed, value)`` for ``final`` and ``auc``.
-        final: Final accuracy, mean and 95% t-interval.
-        final_steps: The RL step of each used run's last evaluation.
-        auc: Normalised area under the evaluation curve, mean and 95% t-interval.
-        iqm: ``final`` and ``auc``: interquartile mean over seeds with its stratified bootstrap
-            interval (no interval below ``significance.BOOTSTRAP_MIN_N`` seeds).
-        to_threshold: Per token axis, (median tokens to threshold or None, seeds reaching it).
-        step_time: Median seconds per RL step, pooled over the used runs' steps.
-        credit: ``train/credit/*`` key -> mean over seeds of each run's average.
-    """
-
-    label: str
-    runs: list[Run]
-    values: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)
-    final: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
-    final_steps: list[int] = field(default_factory=list)
-    auc: stats.MeanCI = stats.MeanCI(math.nan, math.nan, 0)
-    iqm: dict[str, significance.IQM] = field(default_factory=dict)
-    to_threshold: dict[str, tuple[float | None, int]] = field(default_factory=dict)
-    step_time: float | None = None
-    credit: dict[str, stats.MeanCI] = field(default_factory=dict)
-
-    @property
-    def used(self) -> list[Run]:
-        return [r for r in self.runs if r.used]
-
-
-@dataclass
-class Test:
-    """A test of one group against the baseline on one per-seed quantity (``None``: too few runs);
-    ``p_holm``: Holm-adjusted over every test of the table (None with the correction off)."""
-
-    label: str
-    quantity: str
-    result: significance.DiffTest | None
-    note: str
-    p_holm: float | None = None
-
 
 @dataclass
 class Comparison:
@@ -117,110 +64,6 @@ class Comparison:
     def baseline(self) -> str:
         return self.settings["baseline"]
 
-
-def _credit(runs: list[Run]) -> dict[str, stats.MeanCI]:
-    keys = sorted({k for r in runs for row in r.rows for k in row if k.startswith(CREDIT_PREFIX)})
-    out = {}
-    for key in keys:
-        per_run = []
-        for run in runs:
-            vals = [v for row in run.rows if isinstance(v := row.get(key), (int, float)) and math.isfinite(v)]
-            if vals:
-                per_run.append(statistics.fmean(vals))
-        out[key[len(CREDIT_PREFIX):]] = stats.mean_ci(per_run)
-    return out
-
-
-def group_stats(label: str, runs: list[Run], metric: str, resamples: int = 10000, seed: int = 0) -> GroupStats:
-    """Final accuracy, AUC (mean and IQM), step time and credit metrics of one group (threshold
-    comes later). The seeds are the runs of one task: the IQM's bootstrap resamples them."""
-    g = GroupStats(label, runs)
-    finals, aucs = [], []
-    for run in g.used:
-        xs, ys = run.curve(metric)
-        finals.append((run.seed, ys[-1]))
-        aucs.append((run.seed, stats.normalized_auc(xs, ys)))
-        g.final_steps.append(int(xs[-1]))
-    g.values = {"final": finals, "auc": aucs}
-    g.final = stats.mean_ci([v for _, v in finals])
-    g.auc = stats.mean_ci([v for _, v in aucs])
-    g.iqm = {q: significance.iqm_interval([v for _, v in g.values[q]], resamples, seed)
-             for q in TESTED if g.values[q]}
-    times = [row[STEP_TIME] for r in g.used for row in r.rows if isinstance(row.get(STEP_TIME), (int, float))]
-    g.step_time = statistics.median(times) if times else None
-    g.credit = _credit(g.used)
-    return g
-
-
-def tokens_to_threshold(g: GroupStats, metric: str, threshold: float) -> None:
-    """Per token axis: the median over seeds (a seed never reaching counts as infinite) of the
-    tokens at the first evaluation with ``metric >= threshold``, and how many seeds reached it."""
-    for axis in ("tokens/trained", "tokens/generated"):
-        hits = [stats.first_crossing(*r.curve(metric, axis), threshold) for r in g.used]
-        g.to_threshold[axis] = (stats.median_with_misses(hits), sum(h is not None for h in hits))
-
-
-def _pairing(g: GroupStats, base: GroupStats, quantity: str) -> tuple[bool | None, list[float], list[float], str]:
-    """Pair seeds both groups have; unpaired when fewer than two match; None when too few runs."""
-    gv, bv = g.values[quantity], base.values[quantity]
-    g_seeds, b_seeds = [s for s, _ in gv], [s for s, _ in bv]
-    unique = None not in g_seeds + b_seeds and len(set(g_seeds)) == len(g_seeds) and len(set(b_seeds)) == len(b_seeds)
-    common = sorted(set(g_seeds) & set(b_seeds), key=str) if unique else []
-    if len(common) >= 2:
-        gd, bd = dict(gv), dict(bv)
-        note = f"paired on seeds {', '.join(map(str, common))}"
-        extra = sorted((set(g_seeds) ^ set(b_seeds)), key=str)
-        if extra:
-            note += f"; seeds {', '.join(map(str, extra))} have no partner and are left out of this test"
-        return True, [gd[s] for s in common], [bd[s] for s in common], note
-    if len(gv) >= 2 and len(bv) >= 2:
-        why = "duplicate or unknown seeds" if not unique else (
-            f"seeds do not match (baseline {', '.join(map(str, b_seeds))}; this group {', '.join(map(str, g_seeds))})")
-        return False, [v for _, v in gv], [v for _, v in bv], f"UNPAIRED: {why}"
-    return None, [], [], f"no test: needs at least 2 runs in each group (has {len(gv)}, baseline {len(bv)})"
-
-
-def significance_tests(groups: list[GroupStats], base: GroupStats, resamples: int, seed: int) -> list[Test]:
-    """Each non-baseline group against ``base`` on final accuracy and AUC: a sign-flip test on the
-    seeds both have (permutation test when they share fewer than two), with a t-interval."""
-    tests = []
-    for g in groups:
-        if g is base:
-            continue
-        for quantity in TESTED:
-            paired, gv, bv, note = _pairing(g, base, quantity)
-            result = None if paired is None else significance.diff_test(gv, bv, paired, resamples, seed)
-            if result is not None and result.p_min > ALPHA:
-                note += f"; with {result.n} no result can reach p < {ALPHA} (smallest possible p {result.p_min:.3g})"
-            tests.append(Test(g.label, quantity, result, note))
-    return tests
-
-
-def problem_tests(groups: list[GroupStats], base: GroupStats, metric: str, key: str | None, resamples: int,
-                  seed: int, records: dict[Path, dict[int, dict[str, Any]]]) -> tuple[list[ProblemTest], list[Test]]:
-    """Per non-baseline group: the seeds x problems test (:func:`creditlab.analysis.budgets.paired_problem_test`)
-    where the runs pair by seed (as :func:`_pairing` decides) and, with a budget ``key``, the
-    seed-level sign-flip test of the metric with each pair of runs read at exactly equal ``key``,
-    interpolated between evaluations (:func:`creditlab.analysis.budgets.read_pair`, as the pre-registered
-    budget axes are). ``records``: ``run path -> read_records(run path)``."""
-    out, at_budget = [], []
-    for g in groups:
-        if g is base:
-            continue
-        paired, _, _, note = _pairing(g, base, "final")
-        if not paired:
-            out.append(ProblemTest(g.label, "—", None, "no per-problem test: " + note.removeprefix("no test: ")))
-            at_budget += [Test(g.label, f"at equal {key}", None, note)] if key else []
-            continue
-        common = {s for s, _ in g.values["final"]} & {s for s, _ in base.values["final"]}
-        runs, base_runs = ({r.seed: r for r in grp.used if r.seed in common} for grp in (g, base))
-        out.append(paired_problem_test(g.label, runs, base_runs, metric, key, records))
-        if key:
-            reads = [read_pair(runs[s], base_runs[s], metric, key) for s in sorted(common, key=str)]
-            result = significance.paired_test([r.value for r in reads], [r.base_value for r in reads], resamples, seed)
-            note += f"; {out[-1].at}" + (f"; with {result.n} no result can reach p < {ALPHA}" if result.p_min > ALPHA else "")
-            at_budget.append(Test(g.label, f"at equal {key}", result, note))
-    return out, at_budget
 
 
 def _pick_baseline(labels: list[str], runs: list[Run], by: list[str], wanted: str | None) -> str:
@@ -254,24 +97,6 @@ def _check_metric(runs: list[Run], metric: str) -> None:
             + f" Evaluation keys logged: {', '.join(evals) or 'none (eval.every=0?)'}."
         )
 
-
-def _claims(groups: list[GroupStats], base: GroupStats) -> list[str]:
-    """A warning per contrast with fewer than :data:`CLAIM_SEEDS` paired seeds: its exact floor."""
-    out = []
-    for g in groups:
-        paired, gv, _, _ = _pairing(g, base, "final") if g is not base else (None, [], [], "")
-        if paired and len(gv) < CLAIM_SEEDS:
-            out.append(f"'{g.label}' vs '{base.label}': {len(gv)} paired seeds, so the exact seed-level test cannot go "
-                       f"below p = 2/2^{len(gv)} = {2 / 2 ** len(gv):.3g}; claims need >= {CLAIM_SEEDS} seeds "
-                       f"(floor 2/2^{CLAIM_SEEDS} = {2 / 2 ** CLAIM_SEEDS:.2g})")
-    return out
-
-
-def _holm(items: list[Any], p_values: list[float | None]) -> None:
-    """Set ``p_holm`` of each item that has a p, Holm over those (the table's family)."""
-    family = [(item, p) for item, p in zip(items, p_values) if p is not None]
-    for (item, _), adjusted in zip(family, significance.holm([p for _, p in family])):
-        item.p_holm = adjusted
 
 
 def _declared(decl: Preregistration | None, source: str, by: list[str] | tuple[str, ...] | None,
@@ -362,7 +187,7 @@ def compare(
                             "final accuracy mixes them")
         if not g.used:
             warnings.append(f"group '{g.label}': no usable run (see the runs table)")
-    warnings += _claims(groups, base)
+    warnings += claim_warnings(groups, base)
     bad = [r for r in runs if r.status != "finished"]
     if bad:
         warnings.insert(0, f"{len(bad)} of {len(runs)} runs did not finish cleanly: "
@@ -378,8 +203,8 @@ def compare(
     per_problem, at_budget = problem_tests(groups, base, metric, at_equal, resamples, seed, records)
     tests = significance_tests(groups, base, resamples, seed) + at_budget
     if holm:
-        _holm(tests, [t.result.p_value if t.result else None for t in tests])
-        _holm(per_problem, [t.result.p_value if t.result and t.result.seeds >= MIN_SEEDS_FOR_P else None
+        adjust_holm(tests, [t.result.p_value if t.result else None for t in tests])
+        adjust_holm(per_problem, [t.result.p_value if t.result and t.result.seeds >= MIN_SEEDS_FOR_P else None
                             for t in per_problem])
     declared = None
     if decl is not None:

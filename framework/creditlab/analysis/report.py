@@ -19,7 +19,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from creditlab.analysis.compare import TESTED, Comparison, GroupStats, Test
+from creditlab.analysis.compare import Comparison
+from creditlab.analysis.contrasts import Test
+from creditlab.analysis.group_stats import TESTED, GroupStats
 from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
 from creditlab.analysis.report_json import to_json
 from creditlab.analysis.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
