@@ -4,7 +4,8 @@ Each kind has one main abstract method, a nested ``Config`` dataclass (YAML keys
 against its fields; an unknown key is an error) and ``metrics()`` logged as
 ``train/<kind>/<key>``, each value saying how it combines over ranks
 (:class:`~creditlab.types.Sum`, :class:`~creditlab.types.Mean`, ...). Parts are built through
-:mod:`creditlab.registry`, never ``_target_``.
+:mod:`creditlab.registry`, never ``_target_``. What a part may ask of the policy is
+:class:`~creditlab.interfaces.handle.PolicyHandle`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from creditlab.interfaces.handle import PolicyHandle
 from creditlab.types import (
     Advantages,
     Completion,
@@ -67,156 +69,6 @@ class Part(abc.ABC):
         """Forget what :meth:`metrics` would report now (e.g. counts an evaluation caused), so the
         next call covers only what follows."""
         self.metrics()
-
-
-def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
-    """``embeddings + offset`` (the offset cast to their dtype and device, not differentiated), or
-    ``embeddings`` itself when ``offset`` is ``None``: the forward input of
-    :meth:`PolicyHandle.input_gradients`.
-
-    Raises:
-        ValueError: ``offset`` does not have the shape of ``embeddings``.
-    """
-    if offset is None:
-        return embeddings
-    if offset.shape != embeddings.shape:
-        raise ValueError(
-            f"embedding_offset must have the embeddings' shape {tuple(embeddings.shape)}; "
-            f"got {tuple(offset.shape)}"
-        )
-    return embeddings + offset.detach().to(embeddings)
-
-
-class PolicyHandle(abc.ABC):
-    """What a part may ask of the current policy, without knowing Lightning or the backend.
-
-    Devices: the tensor methods take their inputs on any device (the handle moves them to the
-    policy's once) and answer on the policy's device."""
-
-    @property
-    @abc.abstractmethod
-    def tokenizer(self) -> Any:
-        """The policy's tokenizer (a ``transformers`` tokenizer)."""
-
-    @property
-    @abc.abstractmethod
-    def rng(self) -> torch.Generator:
-        """The step's random generator (deterministic in seed and step)."""
-
-    @abc.abstractmethod
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced next-token log-probs, no grad.
-
-        Args:
-            input_ids: (B, L) long.
-            attention_mask: (B, L) long.
-
-        Returns:
-            (B, L) float: entry ``[b, j]`` is log p(input_ids[b, j] | input_ids[b, :j]); column 0
-            is 0.
-        """
-
-    def branch_logprobs(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        rows: torch.Tensor,
-        at: torch.Tensor,
-        branch_ids: torch.Tensor,
-        branch_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """Teacher-forced log-probs of short continuations that branch off shared sequences, no grad.
-
-        Branch ``j`` continues the first ``at[j]`` tokens of trunk ``rows[j]`` with
-        ``branch_ids[j]`` (e.g. ``state + cue + answer`` rows that value many prefixes of one
-        response by the probability of many answers). This default builds every
-        ``trunk[:at] + branch`` sequence and calls :meth:`logprobs`; a handle holding the model may run each trunk once and branch
-        from its KV cache (the same numbers up to float rounding).
-
-        Args:
-            input_ids: (B, L) long trunks, right-padded (real tokens first).
-            attention_mask: (B, L) long.
-            rows: (J,) long, the trunk of each branch.
-            at: (J,) long, ``1 <= at[j] <=`` the real length of trunk ``rows[j]``.
-            branch_ids: (J, M) long, right-padded.
-            branch_mask: (J, M) long.
-
-        Returns:
-            (J, M) float: ``[j, t] = log p(branch_ids[j, t] | trunk[:at[j]] + branch_ids[j, :t])``,
-            0 where ``branch_mask`` is 0.
-        """
-        if len(rows) == 0:
-            return torch.zeros(branch_ids.shape, dtype=torch.float32, device=branch_ids.device)
-        seqs = []
-        for j in range(len(rows)):
-            trunk = input_ids[rows[j], : at[j]]
-            seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
-        width = max(len(x) for x in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)], mask[j, : len(x)] = x, 1
-        lp = self.logprobs(ids, mask)
-        out = torch.zeros(branch_ids.shape, dtype=torch.float32, device=lp.device)
-        for j in range(len(seqs)):
-            n = int(branch_mask[j].sum())
-            out[j, :n] = lp[j, int(at[j]) : int(at[j]) + n].float()
-        return out
-
-    @abc.abstractmethod
-    def input_gradients(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        objective: Any,
-        *,
-        embedding_offset: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gradient of a scalar objective with respect to the input embeddings.
-
-        The forward runs on ``E + embedding_offset`` (``E`` = the embeddings of ``input_ids``);
-        the objective and the returned gradient refer to the clean ``E``:
-        ``d objective(E, logits(E + offset)) / dE``. Without an offset the forward is on ``E``.
-
-        Args:
-            input_ids: (B, L) long.
-            attention_mask: (B, L) long.
-            objective: Callable ``(embeddings (B, L, D), logits (B, L, V)) -> scalar`` built by
-                the caller; ``embeddings`` is the clean ``E`` (requires grad; passed for
-                reference), ``logits`` those of the forward on ``E + embedding_offset``.
-            embedding_offset: Optional (B, L, D) tensor added to the input embeddings before the
-                forward (e.g. noise); cast to their dtype and device; not differentiated.
-                ``None``: no offset.
-
-        Returns:
-            ``(embeddings, gradients)``, both (B, L, D), detached: the clean ``E`` and
-            ``d objective / dE``.
-
-        Raises:
-            ValueError: ``embedding_offset`` is not of shape (B, L, D).
-        """
-
-    @abc.abstractmethod
-    def generate(
-        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
-    ) -> list[Completion]:
-        """Generate with the current policy (not trained on unless the caller says so)."""
-
-    @abc.abstractmethod
-    def encode(self, text: str) -> tuple[int, ...]:
-        """Prompt text to token ids, as the backend would encode a problem prompt."""
-
-    def rollouts(
-        self, problems: Sequence[Problem], requests: Sequence[GenerationRequest]
-    ) -> list[Trajectory]:
-        """Continue each request with the run's rollout settings and score it with its verifier.
-
-        ``requests[i]`` belongs to ``problems[i]``; plain or thought-by-thought generation as the
-        run is configured, sampled with the step's generator: the :data:`SampleFn` the rollout
-        strategy gets, seeded from :attr:`rng`. For value estimates and repairs; the results are
-        not trained on unless the caller says so.
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot sample and score rollouts")
 
 
 class Task(Part):
