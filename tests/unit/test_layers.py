@@ -21,8 +21,9 @@ LATE_IMPORTS = {
 
 
 def test_import_contracts_hold():
-    """Layers errors -> types -> interfaces -> registry -> parts -> config -> module -> runner ->
-    launch -> cli; the core never imports a plug-in; no cycles (`lint-imports` prints why)."""
+    """Layers errors -> types -> interfaces -> registry -> step | analysis -> accel -> run ->
+    backends | creditbench | testing -> cli, and layers inside step/, run/, analysis/ and cli/;
+    the core never imports a plug-in; no cycles (`lint-imports` prints why)."""
     assert lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True) == 0
 
 
