@@ -106,10 +106,19 @@ def traps_report(rows: list[tuple[int | None, tuple[int, ...]]]) -> str:
         hits = [passed(k, t[i]) for k, t in rows if i < len(t) and reached(k, t[i])]
         per_trap.append(f"{sum(hits) / max(len(hits), 1):.3f} of {len(hits)}")
     other = [passed(k, j) for k, t in rows for j in range(max(t) + 1) if j not in t and reached(k, j)]
+    # A chain right through trap i that fails later: GRPO blames that right choice, a step oracle
+    # does not. Its share q_i (1 - p_i) is how much faster oracle credit pushes right over wrong at
+    # trap i than GRPO does, in expectation at the success rate r: (p_i (1 - r) + r) / p_i = 1 + q_i (1 - p_i),
+    # q_i = P(right through trap i), p_i = P(success | right through trap i) (decomposition.md).
+    blamed = []
+    for i in range(width):
+        with_i = [(k, t) for k, t in rows if i < len(t)]
+        blamed.append(f"{sum(k is not None and passed(k, t[i]) for k, t in with_i) / max(len(with_i), 1):.3f}")
     return (f"trap problems: {len(rows)} chains, {len(failed)} failed; first wrong step is a trap in "
             f"{sum(k in t for k, t in failed) / max(len(failed), 1):.3f} of failed chains; right at trap 1, 2, ... "
             f"(given a right prefix): {', '.join(per_trap)}; at the other steps up to the last trap "
-            f"{sum(other) / max(len(other), 1):.3f}")
+            f"{sum(other) / max(len(other), 1):.3f}; right through trap 1, 2, ... and failed later (oracle "
+            f"credit's extra push there, relative to GRPO's): {', '.join(blamed)}")
 
 
 def trap_report(firsts: list[tuple[int | None, int | None]]) -> str:

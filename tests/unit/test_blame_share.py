@@ -70,3 +70,6 @@ def test_traps_report_by_hand(blame_share):
     assert "first wrong step is a trap in 0.667 of failed chains" in report
     assert "(given a right prefix): 0.750 of 4, 0.500 of 2" in report
     assert "at the other steps up to the last trap 0.857" in report
+    # right through trap 1 (step 1) and failed later: the chains wrong at step 3 and at step 2 (2 of
+    # 4); right through trap 2 (step 3) and failed later: none of 4 (only the correct chain passes it)
+    assert "and failed later (oracle credit's extra push there, relative to GRPO's): 0.500, 0.000" in report
