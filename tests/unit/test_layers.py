@@ -15,7 +15,7 @@ CORE = ROOT / "framework" / "creditlab"
 #: CLI's subcommands (the training stack imports Lightning, ~11 s: `creditlab plugins` and a
 #: config mistake must answer in seconds; creditlab/cli/__init__.py says so).
 LATE_IMPORTS = {
-    "vllm", "peft", "deepspeed", "safetensors",  # optional extras
+    "vllm", "peft", "deepspeed", "safetensors", "trl",  # optional extras
     "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # the CLI's subcommands
 }
 
