@@ -102,10 +102,12 @@ def _tiles(v: int, vocab_chunk: int | None) -> list[tuple[int, int]]:
 
 
 def _logits(
-    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a: int, b: int, temperature: float
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a: int, b: int,
+    temperature: float,
 ) -> torch.Tensor:
     """(n, b - a) ``(h W[a:b]ᵀ + bias[a:b]) / τ`` in the accumulation dtype: the matmul in the
-    inputs' dtype, its output upcast (a fresh tensor either way, so in-place ops touch nothing else)."""
+    inputs' dtype, its output upcast (a fresh tensor either way: in-place ops change nothing
+    else)."""
     z = F.linear(h, weight[a:b], None if bias is None else bias[a:b])
     z = z.to(_acc(z.dtype))
     return z.div_(temperature) if temperature != 1.0 else z
@@ -115,8 +117,8 @@ def _chunk_stats(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
     temperature: float, tiles: list[tuple[int, int]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logsumexp, target logit, entropy), each (n,) in the accumulation dtype, of one token chunk ``h (n, H)``,
-    ``y (n,)``, folding the vocabulary tiles with an online logsumexp."""
+    """(logsumexp, target logit, entropy), each (n,) in the accumulation dtype, of one token
+    chunk ``h (n, H)``, ``y (n,)``, folding the vocabulary tiles with an online logsumexp."""
     m = s = u = None
     target = torch.zeros(h.shape[0], dtype=_acc(h.dtype), device=h.device)
     for a, b in tiles:
@@ -156,7 +158,8 @@ class FusedHeadFunction(torch.autograd.Function):
         ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         targets: torch.Tensor, temperature: float, token_chunk: int, vocab_chunk: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.set_materialize_grads(False)  # an output with no gradient (entropy only logged) costs nothing
+        # an output with no gradient (an entropy only logged) costs nothing in the backward
+        ctx.set_materialize_grads(False)
         n = hidden.shape[0]
         tiles = _tiles(weight.shape[0], vocab_chunk)
         acc = _acc(hidden.dtype)
@@ -206,7 +209,8 @@ class FusedHeadFunction(torch.autograd.Function):
         def cast(g: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
             return None if g is None or like is None else g.to(like.dtype)
 
-        return cast(grad_h, hidden), cast(grad_w, weight), cast(grad_b, bias), None, None, None, None
+        return (cast(grad_h, hidden), cast(grad_w, weight), cast(grad_b, bias),
+                None, None, None, None)
 
 
 def _grad_logits(
@@ -271,10 +275,12 @@ def fused_logprob_entropy(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0; got {temperature}.")
     if token_chunk < 1 or (vocab_chunk is not None and vocab_chunk < 1):
-        raise ValueError(f"token_chunk and vocab_chunk must be >= 1; got {token_chunk}, {vocab_chunk}.")
+        raise ValueError(
+            f"token_chunk and vocab_chunk must be >= 1; got {token_chunk}, {vocab_chunk}.")
     if backend not in ("torch", "trl"):
         raise ValueError(f"backend must be 'torch' or 'trl'; got {backend!r}.")
-    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1] or hidden.shape[:-1] != targets.shape:
+    if (weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]
+            or hidden.shape[:-1] != targets.shape):
         raise ValueError(
             f"want hidden (..., H), weight (V, H), targets (...); got {tuple(hidden.shape)}, "
             f"{tuple(weight.shape)}, {tuple(targets.shape)}.")
@@ -288,14 +294,16 @@ def fused_logprob_entropy(
         h, weight = h.to(dtype), weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
     if h.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
-        raise ValueError(f"hidden, weight and bias must share a dtype; got {h.dtype}, {weight.dtype}, "
-                         f"{None if bias is None else bias.dtype}.")
+        raise ValueError(f"hidden, weight and bias must share a dtype; got {h.dtype}, "
+                         f"{weight.dtype}, {None if bias is None else bias.dtype}.")
     with torch.autocast(device, enabled=False):
         if backend == "trl":
             from trl.kernels import ChunkedLogProbFunction
 
             lp, ent, *_ = ChunkedLogProbFunction.apply(
-                h, weight, bias, y, float(temperature), vocab_chunk or _TRL_VOCAB_CHUNK, None, 1.0, ("entropy",))
+                h, weight, bias, y, float(temperature), vocab_chunk or _TRL_VOCAB_CHUNK, None, 1.0,
+                ("entropy",))
         else:
-            lp, ent = FusedHeadFunction.apply(h, weight, bias, y, float(temperature), int(token_chunk), vocab_chunk)
+            lp, ent = FusedHeadFunction.apply(
+                h, weight, bias, y, float(temperature), int(token_chunk), vocab_chunk)
     return lp.reshape(lead), ent.reshape(lead)
