@@ -87,8 +87,11 @@ def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if b.dtype == a.dtype:
         return a @ b
     if b.is_cuda and _MM_OUT_DTYPE and b.dtype in (torch.float16, torch.bfloat16):
-        return torch.mm(a.to(b.dtype), b, out_dtype=torch.float32)
-    return a @ b.float()
+        try:
+            return torch.mm(a.to(b.dtype), b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # a build without this overload: upcast instead
+            pass
+    return a @ b.to(a.dtype)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
