@@ -278,11 +278,11 @@ def answer_logprob(
     Returns:
         (N,) float64.
     """
-    lp = ctx.logprobs(input_ids, attention_mask).double().cpu()  # (N, L)
-    cols = torch.arange(lp.shape[1], device="cpu")[None]
+    cols = torch.arange(input_ids.shape[1], device="cpu")[None]
     start = torch.tensor(list(starts), device="cpu")[:, None]
     length = torch.tensor(list(lengths), dtype=torch.float64, device="cpu")
-    sel = (cols >= start) & (cols < start + length[:, None].long())
+    sel = (cols >= start) & (cols < start + length[:, None].long())  # (N, L): the answer tokens
+    lp = ctx.logprobs(input_ids, attention_mask, sel.to(input_ids.device)).double().cpu()  # (N, L)
     return (lp * sel).sum(1) / length.clamp(min=1)
 
 

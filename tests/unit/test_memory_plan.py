@@ -57,6 +57,12 @@ def test_weights_kv_cache_optimizer_by_hand(tmp_path):
     # bf16 logits at temperature 0.7 add their fp32 copy and the scaled logits
     assert _plan(tmp_path).parts["logits"] == 8 * 8 * 1000 * 16
     assert _plan(tmp_path, "model.dtype=bfloat16", "rollout.temperature=0.7").parts["logits"] == 8 * 8 * 1000 * 22
+    # the fused head (a 1,000-token vocabulary is below auto's 1,024): three fp32 tiles of the
+    # 64 response tokens, their hidden states and fp32 gradient, the head's fp32 gradient
+    assert shape_of(Qwen2Config(**QWEN)).fusable_head
+    fused = 12 * 64 * 1000 + 64 * 64 * (4 + 4) + 4 * 1000 * 64
+    assert _plan(tmp_path, "loss.fused_head=on").parts["logits"] == fused
+    assert _plan(tmp_path, "loss.fused_head=off").parts["logits"] == 8 * 8 * 1000 * 16
     fp32 = _plan(tmp_path, "loss.kl_coef=0.1", "trainer.precision=bf16-mixed")
     assert fp32.parts["weights"] == fp32.parts["reference"] == QWEN_PARAMS * 4
     assert fp32.parts["autocast copies"] == QWEN_PARAMS * 2

@@ -153,9 +153,11 @@ class CountingHandle(ModelPolicyHandle):
 
     forward_tokens = 0
 
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         self.forward_tokens += int(attention_mask.sum())
-        return super().logprobs(input_ids, attention_mask)
+        return super().logprobs(input_ids, attention_mask, positions)
 
     def branch_logprobs(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0

@@ -47,16 +47,21 @@ class PolicyHandle(abc.ABC):
         """The step's random generator (deterministic in seed and step)."""
 
     @abc.abstractmethod
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Teacher-forced next-token log-probs, no grad.
 
         Args:
             input_ids: (B, L) long.
             attention_mask: (B, L) long.
+            positions: (B, L) bool, the entries wanted (e.g. a response's tokens), or None for
+                every real token. A handle holding a large-vocabulary model computes only those
+                (the LM head never sees the others).
 
         Returns:
-            (B, L) float: entry ``[b, j]`` is log p(input_ids[b, j] | input_ids[b, :j]); column 0
-            is 0.
+            (B, L) float: entry ``[b, j]`` is log p(input_ids[b, j] | input_ids[b, :j]) where
+            ``attention_mask`` (and ``positions``) are nonzero, else 0; column 0 is 0.
         """
 
     def branch_logprobs(

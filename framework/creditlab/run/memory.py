@@ -23,7 +23,11 @@ layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one updat
   at a time) and runs every row's prompt (``u = b``).
 * the loss's vocabulary-sized tensors ``b · T · V · (a + 12 + 4 [logits / temperature, unless it is
   1] + 4 [fp32 copy, when a < 4])``: the logits, the log-sum-exp and gather gradients and one
-  temporary of the backward (measured: 16 to 22 bytes, exactly these).
+  temporary of the backward (measured: 16 to 22 bytes, exactly these). With the fused head
+  (``loss.fused_head``, a supported model: :mod:`creditlab.step.token_logprobs`) instead
+  ``12 · min(c, b · T) · V + b · T · H · (a + 4) + 4 · V · H``: three fp32 tiles of a token chunk
+  (``c`` = 512), the response's hidden states and their fp32 gradient, and the head's fp32 gradient
+  accumulator when the head trains (not under LoRA).
 * generation: KV cache ``2 · n · kv_heads · head_dim · w · rows · (prompt + T)``; per decoding step
   ``rows · V · (a + 16 [+ 8: sort indices for top-p / top-k])``; prefill ``rows · prompt · (4H +
   3I) · a`` (one layer at a time, no grad). ``backend=vllm``: the engine's weight copy and
@@ -52,7 +56,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from creditlab.errors import ConfigError
 from creditlab.registry import registry
 from creditlab.run.models import DTYPES, ModelConfig
+from creditlab.step.fused_head import DEFAULT_TOKEN_CHUNK
 from creditlab.step.policy import encode_prompt
+from creditlab.step.token_logprobs import FUSED_MIN_VOCAB, fused_head_of
 
 GIB = 2**30
 #: The components each phase holds at once (``evaluation``: those of ``generation``, for its rows).
@@ -78,6 +84,7 @@ class Shape:
     head_dim: int
     vocab: int
     linears: tuple[tuple[str, int, int], ...]
+    fusable_head: bool = False
 
 
 def shape_of(config: Any, trust_remote_code: bool = False) -> Shape:
@@ -94,7 +101,7 @@ def shape_of(config: Any, trust_remote_code: bool = False) -> Shape:
         hidden=text.hidden_size, intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, vocab=text.vocab_size,
-        linears=linears,
+        linears=linears, fusable_head=fused_head_of(model, "on") is not None,
     )
 
 
@@ -213,6 +220,11 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     # the shared-prompt forward runs u distinct prompts once; each row keeps its prompt's keys/values
     u = b if model.gradient_checkpointing else min(b, math.ceil(run.prompts_per_step / world))
     vocab = a + 12 + (4 if rollout.temperature not in (0, 1) else 0) + (4 if a < 4 else 0)
+    fused = shape.fusable_head and (loss.fused_head == "on" or (loss.fused_head == "auto" and V >= FUSED_MIN_VOCAB))
+    if fused:  # three fp32 tiles of a token chunk, the chunk's hidden states and their fp32 gradient
+        vocab_tensors = 12 * min(DEFAULT_TOKEN_CHUNK, b * T) * V + b * T * H * (a + 4) + (0 if lora else 4 * V * H)
+    else:
+        vocab_tensors = b * T * V * vocab
     ddp = launch is not None and launch.strategy == "ddp" and world > 1
 
     weights = shape.params * w + adapters * w_a
@@ -223,7 +235,7 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
         "optimizer": k * trained * w_t,
         "autocast copies": trained * 2 if autocast else 0,
         "activations": (u * prompt + b * T) * (kept + norm + a * H) + (b - u) * prompt * n * 2 * a * H,
-        "logits": b * T * V * vocab,
+        "logits": vocab_tensors,
     }
     backend = OmegaConf.select(cfg, "backend.name", default="hf")
     max_rows = OmegaConf.select(cfg, "backend.max_batch_size", default=256) or 256

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - older transformers: no sharing, plain 
 
 __all__ = [
     "CACHE_KEY", "accepts_logits_to_keep", "branch_logits", "cache_of", "dynamic_rope", "keep_last",
-    "position_ids", "response_logits", "unique_rows",
+    "position_ids", "response_hidden", "response_logits", "unique_rows",
 ]
 
 #: The keyword a model's forward takes its KV cache by, which is also the field of the output that
@@ -149,20 +149,29 @@ def _shared_prompt_cache(model: Any) -> Any | None:
     return cache
 
 
-def _plain(model: Any, ids: torch.Tensor, mask: torch.Tensor, p: int, keep: bool) -> torch.Tensor:
+def _plain(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, p: int, keep: bool, decoder: Any = None,
+) -> torch.Tensor:
     """The full forward over prompt + response, computing only what the response logits need:
     the last column (it predicts nothing) is not run, and only the logits of columns
-    ``[p-1, p+T-1)`` go through the LM head (when the model takes ``logits_to_keep``)."""
+    ``[p-1, p+T-1)`` go through the LM head (when the model takes ``logits_to_keep``). With
+    ``decoder`` (the model's decoder stack), its final hidden states at those columns instead."""
     t = ids.shape[1] - p
+    net = model if decoder is None else decoder
     if p < 1 or t < 1:  # nothing to save; the plain slice (empty when p == 0)
         pos = position_ids(mask)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-        return out.logits[:, p - 1 : -1]
+        out = net(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+        return _states(out, decoder)[:, p - 1 : -1]
     ids, mask = ids[:, :-1], mask[:, :-1]
-    kwargs = {"logits_to_keep": keep_last(t, ids.device)} if keep else {}
+    kwargs = {"logits_to_keep": keep_last(t, ids.device)} if keep and decoder is None else {}
     pos = position_ids(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
-    return out.logits if keep else out.logits[:, p - 1 :]
+    out = net(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
+    return out.logits if kwargs else _states(out, decoder)[:, p - 1 :]
+
+
+def _states(out: Any, decoder: Any) -> torch.Tensor:
+    """The logits of a causal LM's output, or the final hidden states of a decoder's."""
+    return out.logits if decoder is None else out.last_hidden_state
 
 
 def response_logits(
@@ -191,47 +200,74 @@ def response_logits(
         prompt_len: P.
         share_prompts: Run each distinct prompt once (``False``: always the plain forward).
     """
+    return _response(model, input_ids, attention_mask, prompt_len, share_prompts).float()
+
+
+def response_hidden(
+    model: Any,
+    decoder: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    share_prompts: bool = True,
+) -> torch.Tensor:
+    """(b, T, H) final hidden states (after the decoder's last norm) at the positions that predict
+    each response token: what :func:`response_logits` would feed the LM head, with no head run.
+
+    The same passes as :func:`response_logits` (each distinct prompt once when that applies), run
+    through ``decoder``, the causal LM ``model``'s decoder stack (``model.get_decoder()``); the
+    model itself decides whether prompts can be shared. Dtype: the model's.
+    """
+    return _response(model, input_ids, attention_mask, prompt_len, share_prompts, decoder)
+
+
+def _response(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+    share_prompts: bool, decoder: Any = None,
+) -> torch.Tensor:
     p = int(prompt_len)
     t = input_ids.shape[1] - p
     keep = accepts_logits_to_keep(model)
-    if not share_prompts or p < 1 or t < 1 or input_ids.shape[0] < 2 or not keep:
-        return _plain(model, input_ids, attention_mask, p, keep).float()
+    net = model if decoder is None else decoder
+    if not share_prompts or p < 1 or t < 1 or input_ids.shape[0] < 2 or not (keep or net is decoder):
+        return _plain(model, input_ids, attention_mask, p, keep, decoder)
     if dynamic_rope(model):  # a prompt run alone would get other RoPE frequencies
-        return _plain(model, input_ids, attention_mask, p, keep).float()
+        return _plain(model, input_ids, attention_mask, p, keep, decoder)
     key = torch.cat([input_ids[:, :p], attention_mask[:, :p].to(input_ids.dtype)], dim=1)
     first, inverse = unique_rows(key)
     if len(first) == input_ids.shape[0] or _unshareable_mode(model):
-        return _plain(model, input_ids, attention_mask, p, keep).float()
+        return _plain(model, input_ids, attention_mask, p, keep, decoder)
     cache = _shared_prompt_cache(model)
     if cache is None:
-        return _plain(model, input_ids, attention_mask, p, keep).float()
+        return _plain(model, input_ids, attention_mask, p, keep, decoder)
 
     # 1. Each distinct prompt once; only the last position's logits (they predict token 0).
     prompt_mask = attention_mask[first, :p]
-    out = model(
+    last = {} if decoder is not None else {"logits_to_keep": keep_last(1, input_ids.device)}
+    out = net(
         input_ids=input_ids[first, :p],
         attention_mask=prompt_mask,
         position_ids=position_ids(prompt_mask),
         use_cache=True,
-        logits_to_keep=keep_last(1, input_ids.device),
+        **last,
         **{CACHE_KEY: cache},
     )
-    head = out.logits[:, -1:][inverse]  # (b, 1, V)
+    head = _states(out, decoder)[:, -1:][inverse]  # (b, 1, V), or (b, 1, H)
     if t == 1:
-        return head.float()
+        return head
     # 2. Gather the prompt KV to the rows (differentiable; gradients sum into the shared prompt).
     cache = _select_cache(cache_of(out), inverse.to(input_ids.device))
     # 3. The response columns but the last (its logits predict nothing) against the cache, with
     #    the full mask and positions counted over the whole row.
     mask = attention_mask[:, :-1]
-    out = model(
+    out = net(
         input_ids=input_ids[:, p:-1],
         attention_mask=mask,
         position_ids=position_ids(mask)[:, p:],
         use_cache=True,
         **{CACHE_KEY: cache},
     )
-    return torch.cat([head, out.logits], dim=1).float()
+    return torch.cat([head, _states(out, decoder)], dim=1)
 
 
 def _select_cache(cache: Any, index: torch.Tensor) -> Any:
@@ -259,6 +295,7 @@ def branch_logits(
     branch_ids: torch.Tensor,
     branch_mask: torch.Tensor,
     chunk: int = 0,
+    decoder: Any = None,
 ) -> torch.Tensor | None:
     """(J, M, V) logits predicting each branch token, each trunk run once (see
     :meth:`creditlab.interfaces.PolicyHandle.branch_logprobs` for the arguments).
@@ -268,7 +305,8 @@ def branch_logits(
     against the trunk's cached keys/values masked to columns ``< at[j] - 1``: the logits at
     branch column ``t`` predict ``branch_ids[j, t]`` from ``trunk[:at[j]] + branch_ids[j, :t]``,
     as a full forward over that sequence would (up to float rounding). ``chunk`` > 0 runs the
-    branches that many at a time. Returns ``None`` when the model's cache cannot be gathered
+    branches that many at a time. With ``decoder`` (``model``'s decoder stack), the (J, M, H) final
+    hidden states there instead, in the model's dtype (no LM head run). Returns ``None`` when the model's cache cannot be gathered
     (not plain full attention, dynamic RoPE, or no ``logits_to_keep``): the caller falls back.
     """
     if dynamic_rope(model) or not accepts_logits_to_keep(model) or bool((at < 1).any()):
@@ -276,9 +314,11 @@ def branch_logits(
     cache = _shared_prompt_cache(model)
     if cache is None:
         return None
-    model_out = model(
+    net = model if decoder is None else decoder
+    last = {} if decoder is not None else {"logits_to_keep": keep_last(1, input_ids.device)}
+    model_out = net(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-        use_cache=True, logits_to_keep=keep_last(1, input_ids.device), **{CACHE_KEY: cache},
+        use_cache=True, **last, **{CACHE_KEY: cache},
     )
     trunk_cache = cache_of(model_out)
     width = input_ids.shape[1]
@@ -292,9 +332,10 @@ def branch_logits(
         past = (cols[None, :] < (a - 1)[:, None]) & (attention_mask[r] > 0)
         mask = torch.cat([past.long(), torch.ones_like(first), bmask.long()], dim=1)
         pos = (a - 1)[:, None] + torch.arange(ids.shape[1] + 1, device=ids.device)[None, :]
-        out = model(
+        out = net(
             input_ids=torch.cat([first, ids], dim=1), attention_mask=mask, position_ids=pos,
             use_cache=True, **{CACHE_KEY: _select_cache(trunk_cache, r)},
         )
-        outs.append(out.logits[:, :-1].float())
+        states = _states(out, decoder)[:, :-1]
+        outs.append(states.float() if decoder is None else states)
     return torch.cat(outs) if outs else None

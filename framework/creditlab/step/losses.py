@@ -59,6 +59,10 @@ class LossConfig:
             trainer's before the update; corrects for the engine sampling from a slightly
             different distribution than the trainer scores (e.g. vLLM in bf16). ``None`` = off;
             else >= 1 (e.g. 2.0).
+        fused_head: How log-probs and entropies are computed from the model's last hidden
+            states (:mod:`creditlab.step.token_logprobs`): ``auto`` (the fused, tiled LM head
+            for a supported model with a vocabulary of >= 1,024 tokens: no (rows, tokens, V)
+            logits), ``on`` (fused for any supported model), ``off`` (always the full logits).
     """
 
     mode: str = "clip"
@@ -72,6 +76,7 @@ class LossConfig:
     updates_per_batch: int = 1
     micro_batch_size: int = 0
     tis_cap: float | None = None
+    fused_head: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ConfigError:
@@ -107,6 +112,10 @@ class LossConfig:
             raise bad("micro_batch_size", "an integer >= 0 (0 = whole mini-batch)")
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise bad("tis_cap", "null (off) or a number >= 1, e.g. 2.0")
+        if isinstance(self.fused_head, bool):  # YAML's true/false
+            self.fused_head = "on" if self.fused_head else "off"
+        if self.fused_head not in ("auto", "on", "off"):
+            raise bad("fused_head", "one of auto, on, off")
 
 
 # ---------------------------------------------------------------------------------------------

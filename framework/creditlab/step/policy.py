@@ -11,8 +11,9 @@ import torch
 
 from creditlab.errors import ConfigError
 from creditlab.interfaces import GenerationBackend, PolicyHandle, offset_embeddings
-from creditlab.step.forward import branch_logits, position_ids
+from creditlab.step.forward import branch_logits, position_ids, response_hidden
 from creditlab.step.losses import gather_logprobs
+from creditlab.step.token_logprobs import fused_head_of, select_logprobs
 from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
 
 
@@ -80,6 +81,8 @@ class ModelPolicyHandle(PolicyHandle):
         chat_template: How :meth:`encode` encodes problem prompts (``rollout.chat_template``:
             ``auto``, ``True`` or ``False``; :func:`encode_prompt`), so every part encodes a
             problem as the rollouts and the evaluation do.
+        fused_head: ``loss.fused_head``: how :meth:`logprobs` and :meth:`branch_logprobs` reach
+            log-probs (:mod:`creditlab.step.token_logprobs`).
 
     ``generated_tokens`` counts the tokens of :meth:`generate` calls (e.g. a reset selector's
     questions; :meth:`rollouts` are counted by the sampler) so runs compare on all generated tokens.
@@ -95,8 +98,10 @@ class ModelPolicyHandle(PolicyHandle):
         micro_batch_size: int = 0,
         rollout_fn: Any = None,
         chat_template: bool | str = "auto",
+        fused_head: str = "auto",
     ) -> None:
         self.model = model
+        self.fused_head = fused_head
         self.chat_template = chat_template
         self.rollout_fn = rollout_fn
         self.generated_tokens = 0
@@ -123,15 +128,26 @@ class ModelPolicyHandle(PolicyHandle):
         return next(self.model.parameters()).device
 
     @torch.no_grad()
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Through the fused LM head at the wanted positions only, where the model allows
+        (:mod:`creditlab.step.token_logprobs`); else from the full logits."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        want = attention_mask.bool() if positions is None else attention_mask.bool() & positions.to(self.device).bool()
+        head = fused_head_of(self.model, self.fused_head)
         step = self.micro_batch_size or input_ids.shape[0]
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         for s in range(0, input_ids.shape[0], step):
             ids, mask = input_ids[s : s + step], attention_mask[s : s + step]
-            logits = forward_logits(self.model, ids, mask)[:, :-1].float()
-            out[s : s + step, 1:] = gather_logprobs(logits, ids[:, 1:], self.temperature)
-        return out * attention_mask
+            if head is None:
+                logits = forward_logits(self.model, ids, mask)[:, :-1].float()
+                out[s : s + step, 1:] = gather_logprobs(logits, ids[:, 1:], self.temperature)
+            else:  # the hidden states predicting columns 1.., through the head where wanted
+                hidden = response_hidden(self.model, head[0], ids, mask, 1, share_prompts=False)
+                out[s : s + step, 1:] = select_logprobs(
+                    hidden, head[1], head[2], ids[:, 1:], want[s : s + step, 1:], self.temperature)[0]
+        return out * want
 
     def branch_logprobs(
         self,
@@ -148,12 +164,16 @@ class ModelPolicyHandle(PolicyHandle):
         input_ids, attention_mask, rows, at, branch_ids, branch_mask = (
             x.to(self.device) for x in (input_ids, attention_mask, rows, at, branch_ids, branch_mask))
         if len(rows):
-            logits = branch_logits(
+            head = fused_head_of(self.model, self.fused_head)
+            states = branch_logits(
                 self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
-                chunk=self.micro_batch_size,
+                chunk=self.micro_batch_size, decoder=None if head is None else head[0],
             )
-            if logits is not None:
-                return gather_logprobs(logits, branch_ids, self.temperature) * branch_mask
+            if states is not None and head is not None:
+                return select_logprobs(
+                    states, head[1], head[2], branch_ids, branch_mask.bool(), self.temperature)[0]
+            if states is not None:
+                return gather_logprobs(states, branch_ids, self.temperature) * branch_mask
         return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask)
 
     def input_gradients(

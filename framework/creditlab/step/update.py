@@ -13,7 +13,8 @@ import torch
 from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.distributed import all_max, gradient_sync, reduce_metrics
 from creditlab.step.forward import response_logits as shared_prompt_logits
-from creditlab.step.losses import LOSS_METRICS, entropy_from_logits, gather_logprobs, policy_loss
+from creditlab.step.losses import LOSS_METRICS, policy_loss
+from creditlab.step.token_logprobs import response_logprobs
 from creditlab.types import Max, Mean, RolloutBatch, Sum
 
 
@@ -88,8 +89,7 @@ class PolicyUpdate:
         pad = rows is None
         rows = torch.zeros(1, dtype=torch.long, device=rollout.device) if pad else rows
         mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
-        logits = self.response_logits(rollout, rows)
-        logprobs = gather_logprobs(logits, rollout.response_ids[rows], self.temperature)
+        logprobs, entropies = self.token_logprobs(rollout, rows)
         old_lp = old[rows] if old is not None else logprobs.detach()
         ref_lp = ref[rows] if ref is not None else None
         loss, parts = policy_loss(
@@ -99,8 +99,7 @@ class PolicyUpdate:
         self.manual_backward(loss)
         if pad:
             return {}
-        with torch.no_grad():
-            entropy = (entropy_from_logits(logits.detach(), self.temperature) * mask).sum()
+        entropy = (entropies * mask).sum()
         return {**{k: float(v) for k, v in parts.items()}, "entropy": float(entropy)}
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -108,6 +107,19 @@ class PolicyUpdate:
     def temperature(self) -> float:
         t = self.rollout_cfg.temperature
         return t if t > 0 else 1.0
+
+    def token_logprobs(
+        self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None, with_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, T) float32 log-probs (differentiable) and entropies (detached, or None) of the
+        response tokens of ``rows``: through the fused LM head where ``loss.fused_head`` and the
+        model allow it (:mod:`creditlab.step.token_logprobs`), else from the full logits."""
+        model = model if model is not None else self.policy
+        return response_logprobs(
+            model, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.prompt_len,
+            rollout.response_ids[rows], rollout.response_mask[rows], self.temperature,
+            fused=self.loss_cfg.fused_head, with_entropy=with_entropy,
+        )
 
     def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
         """(b, T, V) logits predicting each response token of ``rows``.
@@ -125,8 +137,7 @@ class PolicyUpdate:
         micro = self.loss_cfg.micro_batch_size or rollout.size
         out = []
         for rows in torch.split(torch.arange(rollout.size, device=rollout.device), micro):
-            logits = self.response_logits(rollout, rows, model)
-            out.append(gather_logprobs(logits, rollout.response_ids[rows], self.temperature))
+            out.append(self.token_logprobs(rollout, rows, model, with_entropy=False)[0])
         return torch.cat(out) * rollout.response_mask
 
     def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:

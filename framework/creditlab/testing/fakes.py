@@ -120,11 +120,13 @@ class FakePolicyHandle(PolicyHandle):
         return tuple(self._tokenizer(text)["input_ids"])
 
     @torch.no_grad()
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logprobs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         logp = torch.log_softmax(self.logits_fn(input_ids).float(), dim=-1)
         out = torch.zeros(input_ids.shape)
         out[:, 1:] = logp[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        return out * attention_mask
+        return out * attention_mask * (1 if positions is None else positions.bool())
 
     def input_gradients(
         self,
