@@ -6,7 +6,7 @@ The shape comes from ``config.json`` (``AutoConfig``; a recipe model from its
 torch's ``meta`` device (no weights). ``P`` parameters, ``P_t`` trained ones (LoRA: the adapters,
 ``r · (in + out)`` per adapted linear), ``w`` bytes per weight, ``a`` per activation, ``n``
 layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one update micro-batch,
-``T`` response tokens. Bytes:
+``T`` response tokens (``loss.micro_batch_tokens`` caps ``b`` at ``budget // (prompt + T)``). Bytes:
 
 * weights ``P · w`` (+ adapters ``P_t · w_a``: peft keeps them in fp32 unless ``*-true`` half
   precision); a KL reference (``loss.kl_coef > 0``) is a second copy.
@@ -212,6 +212,8 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     rows = math.ceil(run.prompts_per_step / world) * rollout.group_size
     mini = math.ceil(rows / loss.updates_per_batch)
     b = min(loss.micro_batch_size, mini) if loss.micro_batch_size else mini
+    if loss.micro_batch_tokens:  # rows of the longest prompt and response under the token budget
+        b = max(1, min(b, loss.micro_batch_tokens // (prompt + rollout.response_budget)))
     T, H, I, n, V = rollout.response_budget, shape.hidden, shape.intermediate, shape.layers, shape.vocab
     norm = 14 * H if autocast else 4 * H + 2 * a * H
     layer = 2 * norm + 4 * a * H + 4 * a * I

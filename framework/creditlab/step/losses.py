@@ -53,6 +53,10 @@ class LossConfig:
         norm_constant: ``T_max`` for ``seq-mean-token-sum-norm`` (required and > 0 then).
         updates_per_batch: Optimizer updates (mini-batches) per rollout batch. >= 1.
         micro_batch_size: Sequences per forward/backward; 0 = the whole mini-batch.
+        micro_batch_tokens: Padded tokens per forward/backward at most (rows x their longest
+            prompt + longest response); 0 = no token budget. With one, the rows are sorted by
+            length and packed (:mod:`creditlab.step.packing`). Every micro-batch is cut to its
+            own longest prompt and response either way.
         tis_cap: Truncated importance sampling (TESTING trap 4): multiply each token's
             policy-gradient loss by ``min(π_old / π_engine, tis_cap)`` (detached), where π_engine
             is the generation backend's probability of the sampled token and π_old the
@@ -75,6 +79,7 @@ class LossConfig:
     norm_constant: float | None = None
     updates_per_batch: int = 1
     micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
     tis_cap: float | None = None
     fused_head: str = "auto"
 
@@ -110,6 +115,10 @@ class LossConfig:
             isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 0
         ):
             raise bad("micro_batch_size", "an integer >= 0 (0 = whole mini-batch)")
+        if isinstance(self.micro_batch_tokens, bool) or not (
+            isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0
+        ):
+            raise bad("micro_batch_tokens", "an integer >= 0 (0 = no token budget), e.g. 8192")
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise bad("tis_cap", "null (off) or a number >= 1, e.g. 2.0")
         if isinstance(self.fused_head, bool):  # YAML's true/false

@@ -14,6 +14,7 @@ from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.distributed import all_max, gradient_sync, reduce_metrics
 from creditlab.step.forward import response_logits as shared_prompt_logits
 from creditlab.step.losses import LOSS_METRICS, policy_loss
+from creditlab.step.packing import columns, pack_rows
 from creditlab.step.token_logprobs import response_logprobs
 from creditlab.types import Max, Mean, RolloutBatch, Sum
 
@@ -47,8 +48,10 @@ class PolicyUpdate:
         tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
         sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
         maxima: dict[str, float] = {}
+        cells = 0  # response positions the micro-batches compute, padding included
         for rows, stats in minis:
-            chunks = [c for c in torch.split(rows, cfg.micro_batch_size or max(len(rows), 1)) if len(c)]
+            chunks = self.micro_batches(rollout, rows)
+            cells += sum(len(c) * self.columns(rollout, c)[1] for c in chunks)
             n_chunks = int(all_max([len(chunks)])[0])
             chunks += [None] * (n_chunks - len(chunks))
             for i, mrows in enumerate(chunks):
@@ -66,6 +69,8 @@ class PolicyUpdate:
             opt.zero_grad(set_to_none=True)
         out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
         out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
+        # the share of the response positions computed that are padding (this rank's, averaged)
+        out["train/padding"] = Mean(1.0 - float(rollout.response_mask.sum()) / max(cells, 1))
         out.update({k: Max(v) for k, v in maxima.items()})
         return reduce_metrics(out, weight=1.0)
 
@@ -88,13 +93,14 @@ class PolicyUpdate:
         """
         pad = rows is None
         rows = torch.zeros(1, dtype=torch.long, device=rollout.device) if pad else rows
-        mask = rollout.loss_mask[rows] * (0.0 if pad else 1.0)
+        t = self.columns(rollout, rows)[1]  # the rows' longest response: every later column is padding
+        mask = rollout.loss_mask[rows, :t] * (0.0 if pad else 1.0)
         logprobs, entropies = self.token_logprobs(rollout, rows)
-        old_lp = old[rows] if old is not None else logprobs.detach()
-        ref_lp = ref[rows] if ref is not None else None
+        old_lp = old[rows, :t] if old is not None else logprobs.detach()
+        ref_lp = ref[rows, :t] if ref is not None else None
         loss, parts = policy_loss(
-            logprobs, old_lp, advantages[rows], mask, self.loss_cfg, stats, ref_lp,
-            engine_logprobs=rollout.gen_logprobs[rows],
+            logprobs, old_lp, advantages[rows, :t], mask, self.loss_cfg, stats, ref_lp,
+            engine_logprobs=rollout.gen_logprobs[rows, :t],
         )
         self.manual_backward(loss)
         if pad:
@@ -111,15 +117,40 @@ class PolicyUpdate:
     def token_logprobs(
         self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None, with_entropy: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(b, T) float32 log-probs (differentiable) and entropies (detached, or None) of the
-        response tokens of ``rows``: through the fused LM head where ``loss.fused_head`` and the
-        model allow it (:mod:`creditlab.step.token_logprobs`), else from the full logits."""
+        """(b, t) float32 log-probs (differentiable) and entropies (detached, or None) of the
+        first ``t`` response tokens of ``rows``, ``t`` their longest response: the columns that are
+        padding in every one of the rows are cut (:func:`creditlab.step.packing.columns`). Through
+        the fused LM head where ``loss.fused_head`` and the model allow it
+        (:mod:`creditlab.step.token_logprobs`), else from the full logits."""
         model = model if model is not None else self.policy
+        start, t = self.columns(rollout, rows)
+        p = rollout.prompt_len
         return response_logprobs(
-            model, rollout.input_ids[rows], rollout.attention_mask[rows], rollout.prompt_len,
-            rollout.response_ids[rows], rollout.response_mask[rows], self.temperature,
+            model, rollout.input_ids[rows, start : p + t], rollout.attention_mask[rows, start : p + t],
+            p - start, rollout.response_ids[rows, :t], rollout.response_mask[rows, :t], self.temperature,
             fused=self.loss_cfg.fused_head, with_entropy=with_entropy,
         )
+
+    def micro_batches(self, rollout: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """A mini-batch's rows in micro-batches (``loss.micro_batch_size`` rows,
+        ``loss.micro_batch_tokens`` padded tokens at most: :func:`creditlab.step.packing.pack_rows`)."""
+        prompt, response = self._lengths(rollout)
+        cfg = self.loss_cfg
+        at = rows.cpu()
+        return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.micro_batch_tokens)
+
+    def columns(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[int, int]:
+        """``(start, t)``: the input columns ``[start, P + t)`` and response positions ``[0, t)``
+        that ``rows`` need (:func:`creditlab.step.packing.columns`)."""
+        prompt, response = self._lengths(rollout)
+        at = rows.cpu()
+        return columns(rollout.prompt_len, prompt[at], response[at])
+
+    @staticmethod
+    def _lengths(rollout: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) real prompt and response tokens of every row, on the CPU."""
+        p = rollout.prompt_len
+        return rollout.attention_mask[:, :p].sum(1).cpu(), rollout.response_mask.sum(1).cpu()
 
     def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
         """(b, T, V) logits predicting each response token of ``rows``.
@@ -134,11 +165,11 @@ class PolicyUpdate:
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:
         """(B, T) log-probs of the response tokens before any update (or under ``model``)."""
-        micro = self.loss_cfg.micro_batch_size or rollout.size
-        out = []
-        for rows in torch.split(torch.arange(rollout.size, device=rollout.device), micro):
-            out.append(self.token_logprobs(rollout, rows, model, with_entropy=False)[0])
-        return torch.cat(out) * rollout.response_mask
+        out = torch.zeros(rollout.response_mask.shape, dtype=torch.float32, device=rollout.device)
+        for rows in self.micro_batches(rollout, torch.arange(rollout.size, device=rollout.device)):
+            lp = self.token_logprobs(rollout, rows, model, with_entropy=False)[0]
+            out[rows, : lp.shape[1]] = lp
+        return out * rollout.response_mask
 
     def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
         return self.old_logprobs(rollout, model=self._reference[0])

@@ -1,0 +1,105 @@
+"""creditlab.step.packing and the update's micro-batches: rows packed by length under a token
+budget (by hand), each micro-batch cut to its own longest prompt and response, and the update,
+the old log-probs and the loss metrics the same as with the whole mini-batch at once."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from creditlab.errors import ConfigError
+from creditlab.step.aggregation import MiniBatchStats
+from creditlab.step.evaluation import EvalConfig
+from creditlab.step.losses import LossConfig
+from creditlab.step.module import CreditAssignmentModule
+from creditlab.step.packing import columns, pack_rows
+from creditlab.step.rollout import RolloutConfig
+
+from tests.helpers import tiny_model_and_tokenizer
+from tests.unit.test_forward import _rollout
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_pack_rows_by_hand():
+    rows = torch.tensor([10, 11, 12, 13, 14])
+    p = torch.tensor([2, 3, 2, 3, 2])
+    r = torch.tensor([1, 6, 4, 2, 9])  # totals 3, 9, 6, 5, 11
+    # no token budget: consecutive runs of max_rows, as drawn
+    assert [c.tolist() for c in pack_rows(rows, p, r, 2)] == [[10, 11], [12, 13], [14]]
+    assert [c.tolist() for c in pack_rows(rows, p, r)] == [[10, 11, 12, 13, 14]]
+    # budget 24: longest first (14: 11, 11: 9, 12: 6, 13: 5, 10: 3); 14 + 11 need 2 x (3 + 9) = 24;
+    # adding 12 would need 3 x 12 = 36; then 12, 13 (2 x (3 + 4) = 14), 10 (3 x 7 = 21)
+    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 24)] == [[14, 11], [12, 13, 10]]
+    assert [c.tolist() for c in pack_rows(rows, p, r, 2, 24)] == [[14, 11], [12, 13], [10]]
+    # a row longer than the budget goes alone; everything that fits at once keeps its order
+    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 5)] == [[14], [11], [12], [13], [10]]
+    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 60)] == [[10, 11, 12, 13, 14]]  # 5 x (3 + 9)
+    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 59)] == [[14, 11, 12, 13], [10]]
+    assert pack_rows(rows[:0], p[:0], r[:0], 0, 8) == []
+    assert columns(6, torch.tensor([2, 4]), torch.tensor([3, 1])) == (2, 3)
+    assert columns(6, torch.tensor([2]), torch.tensor([0])) == (4, 1)  # at least one position
+
+
+def test_loss_config_micro_batch_tokens():
+    assert LossConfig().micro_batch_tokens == 0
+    with pytest.raises(ConfigError, match="micro_batch_tokens must be an integer >= 0"):
+        LossConfig(micro_batch_tokens=-1)
+
+
+def _module(micro_rows=0, micro_tokens=0, fused="auto"):
+    model, tok = tiny_model_and_tokenizer(seed=2)
+    module = CreditAssignmentModule(
+        model, tok, None, None, [],
+        LossConfig(micro_batch_size=micro_rows, micro_batch_tokens=micro_tokens, fused_head=fused),
+        RolloutConfig(temperature=0.8), EvalConfig(every=0), functools.partial(torch.optim.SGD, lr=0.1), seed=0,
+    )
+    module.manual_backward = lambda loss: loss.backward()
+    return module
+
+
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_packed_micro_batches_give_the_whole_batch_update(fused):
+    """Rows packed under a token budget and cut to their own columns: the summed gradients, loss
+    shares, entropy and the old log-probs equal the whole mini-batch's (float rounding)."""
+    batch = _rollout(prompt_lens=(2, 7, 4), group=4, seed=11)
+    adv = torch.linspace(-1.0, 1.0, batch.size)[:, None].expand_as(batch.response_mask).contiguous()
+    out = {}
+    for name, kw in (("whole", {}), ("packed", {"micro_tokens": 30}), ("rows", {"micro_rows": 5})):
+        module = _module(fused=fused, **kw)
+        rows = torch.arange(batch.size)
+        chunks = module.micro_batches(batch, rows)
+        if name == "packed":
+            widths = [batch.prompt_len - module.columns(batch, c)[0] + module.columns(batch, c)[1] for c in chunks]
+            assert len(chunks) > 2 and all(len(c) * w <= 30 or len(c) == 1 for c, w in zip(chunks, widths))
+            assert sorted(torch.cat(chunks).tolist()) == rows.tolist()
+        stats = MiniBatchStats.from_mask(batch.loss_mask, module.loss_cfg)
+        with torch.no_grad():
+            old = module.old_logprobs(batch)
+        parts: dict[str, float] = {}
+        for c in chunks:
+            for k, v in module.backward_rows(batch, adv, c, stats, old, None).items():
+                parts[k] = max(parts.get(k, 0.0), v) if k.endswith("_max") else parts.get(k, 0.0) + v
+        grads = {n: q.grad.clone() for n, q in module.policy.named_parameters()}
+        out[name] = old, parts, grads
+    old_w, parts_w, g_w = out["whole"]
+    for name in ("packed", "rows"):
+        old, parts, g = out[name]
+        torch.testing.assert_close(old, old_w, atol=1e-5, rtol=0)
+        assert parts.keys() == parts_w.keys()
+        for k in parts:
+            assert parts[k] == pytest.approx(parts_w[k], abs=1e-5), (name, k)
+        for n in g:
+            torch.testing.assert_close(g[n], g_w[n], atol=1e-6, rtol=1e-4, msg=f"{name} {n}")
+
+
+def test_micro_batch_columns_cut_only_padding():
+    batch = _rollout(prompt_lens=(2, 7, 4), group=4, seed=11)
+    module = _module(micro_tokens=30)
+    for c in module.micro_batches(batch, torch.arange(batch.size)):
+        start, t = module.columns(batch, c)
+        p = batch.prompt_len
+        assert (batch.attention_mask[c, :start] == 0).all() and (batch.response_mask[c, t:] == 0).all()
+        assert batch.attention_mask[c, start].any() and batch.response_mask[c, t - 1].any()
+        assert (batch.attention_mask[c, p + t :] == 0).all()
