@@ -11,10 +11,12 @@ import time
 
 import pytest
 from creditlab.cli import main
+from creditlab.errors import ConfigError
 from creditlab.run.compose import compose
 from creditlab.run.config import validate
-from creditlab.run.memory import estimate, lora_linears, shape_of
+from creditlab.run.memory import estimate, lora_linears, prompt_tokens, shape_of
 from creditlab.run.models import LoraConfig, apply_lora
+from creditlab.types import Problem
 from transformers import AutoConfig, Qwen2Config, Qwen2ForCausalLM
 
 from tests.helpers import tiny_model_and_tokenizer
@@ -147,3 +149,18 @@ def test_dry_run_command_exits_0_quickly_for_the_default_recipe(tmp_path):
     assert time.perf_counter() - start < 120
     assert "peak:" in done.stdout and "arith_tiny" in done.stdout
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache" / "models").exists()
+
+
+def test_an_empty_tokenizer_is_a_clear_error():
+    """A tokenizer that encodes text to nothing stops the plan with what is wrong, not 'prompt <= 0'."""
+    class Empty:
+        name_or_path = "some/empty-tokenizer"
+        chat_template = None
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": []}
+
+    problems = [Problem("1", "What is 2 + 3?", "5"), Problem("2", "7 - 4?", "3")]
+    with pytest.raises(ConfigError, match="some/empty-tokenizer encodes every prompt to no token"):
+        prompt_tokens(problems, Empty(), "auto")
+    assert prompt_tokens(problems, None, "auto") == (14, "characters (no tokenizer)")

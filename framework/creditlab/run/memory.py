@@ -159,11 +159,23 @@ def load_shape(model: ModelConfig) -> tuple[Shape, Any, str]:
 
 def prompt_tokens(problems: list[Any], tokenizer: Any, chat_template: Any) -> tuple[int, str]:
     """``(tokens, how)`` of the longest prompt, encoded as rollouts encode it (the 500 longest by
-    characters); without a tokenizer its characters (an upper bound for byte-pair tokenizers)."""
+    characters); without a tokenizer its characters (an upper bound for byte-pair tokenizers).
+
+    Raises:
+        ConfigError: The tokenizer encodes every one of those prompts to no token (an empty or
+            unfitting tokenizer: every prompt would reach the model empty).
+    """
     longest = sorted((p.prompt for p in problems), key=len, reverse=True)[:500]
     if tokenizer is None or not longest:
         return len(longest[0]) if longest else 0, "characters (no tokenizer)"
-    return max(len(encode_prompt(tokenizer, t, chat_template)) for t in longest), "tokens"
+    tokens = max(len(encode_prompt(tokenizer, t, chat_template)) for t in longest)
+    if tokens == 0 and longest[0]:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ConfigError(
+            f"the tokenizer of {name} encodes every prompt to no token (e.g. {longest[0][:60]!r}): it is "
+            "empty or does not fit this text; give model.name_or_path a folder whose tokenizer encodes "
+            "the task's prompts, or pass --prompt-tokens N to plan without it")
+    return tokens, "tokens"
 
 
 def precision_bytes(precision: Any, dtype: str) -> tuple[int, int, bool]:
