@@ -18,12 +18,12 @@ from creditlab.step.module import CreditAssignmentModule
 from creditlab.step.policy import ModelPolicyHandle
 from creditlab.step.rollout import RolloutConfig
 from creditlab.step.token_logprobs import FUSED_MIN_VOCAB, fused_head_of, response_logprobs
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.helpers import tiny_model_and_tokenizer
 from tests.unit.test_branch_logprobs import _case
 from tests.unit.test_accel import MODELS
 from tests.unit.test_forward import _rollout
+from tests.unit.test_fused_head import _Largest
 from tests.unit.test_lora import _lora_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,21 +95,6 @@ def test_loss_config_fused_head_values():
         LossConfig(fused_head="fused")
 
 
-class _Largest(TorchDispatchMode):
-    """Records the largest tensor any op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 def test_fused_path_never_builds_the_padded_logits():
     """Forward and backward of the fused path create nothing as large as (rows, T, V): padding
     never reaches the head (the unfused path builds exactly that)."""
@@ -124,7 +109,7 @@ def test_fused_path_never_builds_the_padded_logits():
     for fused, below in (("auto", True), ("off", False)):
         with _Largest() as seen:
             _run(model, batch, fused)
-        assert (seen.numel < full) is below, (fused, seen.numel, full)
+        assert (seen.largest < full) is below, (fused, seen.largest, full)
 
 
 def _module(model, tok, fused):
