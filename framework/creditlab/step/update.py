@@ -134,7 +134,7 @@ class PolicyUpdate:
     def micro_batches(self, rollout: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """A mini-batch's rows in micro-batches (``loss.micro_batch_size`` rows,
         ``loss.micro_batch_tokens`` padded tokens at most: :func:`creditlab.step.packing.pack_rows`)."""
-        prompt, response = self._lengths(rollout)
+        prompt, response = rollout.row_lengths
         cfg = self.loss_cfg
         at = rows.cpu()
         return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.micro_batch_tokens)
@@ -142,15 +142,9 @@ class PolicyUpdate:
     def columns(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[int, int]:
         """``(start, t)``: the input columns ``[start, P + t)`` and response positions ``[0, t)``
         that ``rows`` need (:func:`creditlab.step.packing.columns`)."""
-        prompt, response = self._lengths(rollout)
+        prompt, response = rollout.row_lengths
         at = rows.cpu()
         return columns(rollout.prompt_len, prompt[at], response[at])
-
-    @staticmethod
-    def _lengths(rollout: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) real prompt and response tokens of every row, on the CPU."""
-        p = rollout.prompt_len
-        return rollout.attention_mask[:, :p].sum(1).cpu(), rollout.response_mask.sum(1).cpu()
 
     def response_logits(self, rollout: RolloutBatch, rows: torch.Tensor, model: Any = None) -> torch.Tensor:
         """(b, T, V) logits predicting each response token of ``rows``.

@@ -9,6 +9,7 @@ prefix's length for a continuation that trains only on what it generated).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -208,6 +209,13 @@ class RolloutBatch:
     @property
     def device(self) -> torch.device:
         return self.input_ids.device
+
+    @cached_property
+    def row_lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) real prompt tokens and (B,) real response tokens of every row, on the CPU
+        (computed once per batch: the masks never change)."""
+        p = self.prompt_len
+        return self.attention_mask[:, :p].sum(1).cpu(), self.response_mask.sum(1).cpu()
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The batch with every tensor on ``device`` (itself when they are there already)."""
