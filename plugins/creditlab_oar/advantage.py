@@ -16,15 +16,18 @@ whatever the weights). The token importance ``I_t`` comes from the outcome probe
   reasoning position t, the probe with token t replaced by ``mask_token_id`` (default: the pad id;
   attention stays on it, as in the code) is read out without grad, batched over rows and positions
   in chunks of ``chunk_size`` sequences; ``I_t = KL(P || P^(t))`` (``last``, ``answer_mean``) or
-  ``phi - phi^(t)`` (``answer_joint``).
+  ``phi - phi^(t)`` (``answer_joint``). [ours, the same numbers up to float rounding] Each
+  perturbed probe is a branch of its clean probe: it runs from the replaced token on, against the
+  clean probe's KV cache (``PolicyHandle.branch_read_logits`` / ``branch_logprobs``), and logits
+  are computed at the read positions only; the code runs every perturbed sequence in full.
 * **OAR-G** (``oar_g``) [code: ``calculate_token_importance_gradient``]: Gaussian noise
   ``eps ~ N(0, sigma^2)`` on the reasoning-token embeddings, ``J = KL(P0 || P_noisy)`` or
   ``phi0 - phi_noisy``, and ``I_t = |sum_d dJ/dE_{t,d}(E + eps) * E_{t,d}|`` (E clean, as the code).
 
   Exact, in one clean pass and one noisy pass per chunk of rows: the clean teacher ``P0``
-  (mean logits, ``last``/``answer_mean`` rows only) is read without a backward through the model,
-  then ``PolicyHandle.input_gradients(..., embedding_offset=eps)`` runs the forward on ``E + eps``
-  and one backward gives ``dJ/dE`` there. ``answer_joint`` rows need no clean pass: ``phi0`` is a
+  (mean logits, ``last``/``answer_mean`` rows only) is read without grad (``read_logits``), then ``PolicyHandle.input_gradients(..., embedding_offset=eps)`` runs the forward on ``E + eps``
+  and one backward gives ``dJ/dE`` there (its objective gets the read positions' logits only,
+  gathered once: ``read=``). ``answer_joint`` rows need no clean pass: ``phi0`` is a
   constant and ``J = -phi_noisy`` has the same gradient. [ours] ``sigma = 0`` (``answer_joint``
   only): no noise, the plain input gradient of ``-phi`` (one forward, one backward); rows that
   fell back to ``last`` get importance 0 (the gradient of ``KL(P0 || P)`` vanishes at
@@ -59,10 +62,11 @@ from creditlab_oar.probe import (
     answer_logprob,
     build_probe,
     kl_from_logits,
-    next_token_logits,
+    mean_read_logits,
     pad_right,
+    per_probe,
     probe_divergence,
-    probe_readout,
+    read_mask,
     text_ids,
 )
 from creditlab_oar.reshape import NEGATIVE_OPTIONS, reshape_weights
@@ -278,45 +282,69 @@ class OARPAdvantage(_OARAdvantage):
                 )
 
     def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
+        """The clean read-outs in chunks of probes, then every perturbed probe as a branch of its
+        clean probe: it continues the clean KV cache from the replaced token (``chunk_size``
+        branches a call; a chunk's trunks are the clean probes of its rows)."""
         cfg = self.config
         pad = self._pad_id(ctx)
         mask_id = pad if cfg.mask_token_id is None else int(cfg.mask_token_id)
         scores = [torch.zeros(p.scored.numel(), dtype=torch.float64, device="cpu") for p in probes]
         for dist in (True, False):
-            jobs = [(i, k) for i, p in enumerate(probes) if (p.mode in DIST_MODES) == dist
-                    for k in range(-1, p.scored.numel())]  # k = -1: the unperturbed probe
+            mine = [i for i, p in enumerate(probes) if (p.mode in DIST_MODES) == dist]
+            step = cfg.chunk_size or max(len(mine), 1)
             clean: dict[int, torch.Tensor] = {}
+            for s in range(0, len(mine), step):
+                part = mine[s : s + step]
+                ids, att = pad_right([probes[i].ids for i in part], pad)
+                self._add("probe_forwards", len(part))
+                self._add("probe_tokens", float(att.sum()))
+                if dist:
+                    vals = mean_read_logits(ctx, ids, att, [probes[i] for i in part])
+                else:
+                    vals = answer_logprob(ctx, ids, att, [probes[i].cue_end for i in part],
+                                          [probes[i].answer_len for i in part])
+                clean.update(zip(part, vals))
+            jobs = [(i, k) for i in mine for k in range(probes[i].scored.numel())]
             step = cfg.chunk_size or max(len(jobs), 1)
             for s in range(0, len(jobs), step):
                 chunk = jobs[s : s + step]
-                seqs = []
-                for i, k in chunk:
-                    p, ids = probes[i], probes[i].ids
-                    if k >= 0:
-                        ids = ids.clone()
-                        ids[p.reasoning_start + int(p.scored[k])] = mask_id
-                    seqs.append(ids)
-                ids, att = pad_right(seqs, pad)
-                self._add("probe_forwards", len(chunk))
-                self._add("probe_tokens", float(att.sum()))
-                if dist:
-                    positions = [probes[i].read_positions for i, _ in chunk]
-                    vals = next_token_logits(ctx, ids, att, positions)
-                else:
-                    vals = answer_logprob(ctx, ids, att, [probes[i].cue_end for i, _ in chunk],
-                                          [probes[i].answer_len for i, _ in chunk])
-                for (i, k), v in zip(chunk, vals):
-                    if k < 0:
-                        clean[i] = v
-                pert = [j for j, (_, k) in enumerate(chunk) if k >= 0]
-                if not pert:
-                    continue
-                base = torch.stack([clean[chunk[j][0]] for j in pert])
-                delta = kl_from_logits(base, vals[pert]) if dist else base - vals[pert]
-                for j, d in zip(pert, delta):
-                    i, k = chunk[j]
+                vals = self._perturbed(chunk, probes, ctx, mask_id, pad, dist)
+                base = torch.stack([clean[i] for i, _ in chunk])
+                delta = kl_from_logits(base, vals) if dist else base - vals
+                for (i, k), d in zip(chunk, delta):
                     scores[i][k] = d
         return scores
+
+    def _perturbed(
+        self, chunk: Sequence[tuple[int, int]], probes: Sequence[Probe], ctx: PolicyHandle,
+        mask_id: int, pad: int, dist: bool,
+    ) -> torch.Tensor:
+        """Read-outs of the probes ``(i, k)`` (probe ``i`` with scored token ``k`` replaced by
+        ``mask_id``): (J, V) mean logits (``dist``) or (J,) ``phi``, float64."""
+        trunks = list(dict.fromkeys(i for i, _ in chunk))  # the chunk's clean probes, in order
+        local = {i: j for j, i in enumerate(trunks)}
+        trunk_ids, trunk_att = pad_right([probes[i].ids for i in trunks], pad)
+        at = [probes[i].reasoning_start + int(probes[i].scored[k]) for i, k in chunk]
+        mask = torch.tensor([mask_id], dtype=torch.long, device="cpu")
+        branch_ids, branch_att = pad_right(
+            [torch.cat([mask, probes[i].ids[a + 1 :].cpu()]) for (i, _), a in zip(chunk, at)], pad)
+        rows = torch.tensor([local[i] for i, _ in chunk], device="cpu")
+        at_t = torch.tensor(at, device="cpu")
+        self._add("probe_forwards", len(chunk))
+        self._add("probe_tokens", float(trunk_att.sum() + branch_att.sum()))
+        if dist:
+            read = torch.zeros(branch_ids.shape, dtype=torch.bool, device="cpu")
+            for j, ((i, _), a) in enumerate(zip(chunk, at)):
+                read[j, [r - a for r in probes[i].read_positions]] = True
+            logits = ctx.branch_read_logits(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att, read)
+            return torch.stack([z.double().mean(0) for z in
+                                per_probe(logits, [probes[i] for i, _ in chunk])]).cpu()
+        lp = ctx.branch_logprobs(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att).double().cpu()
+        out = []
+        for j, ((i, _), a) in enumerate(zip(chunk, at)):
+            p = probes[i]
+            out.append(lp[j, p.cue_end - a : p.cue_end - a + p.answer_len].sum() / max(p.answer_len, 1))
+        return torch.stack(out)
 
 
 def reasoning_noise(
@@ -368,7 +396,6 @@ class OARGAdvantage(_OARAdvantage):
         cfg = self.config
         pad = self._pad_id(ctx)
         out: list[torch.Tensor] = []
-        template: torch.Tensor | None = None  # embeddings of some pass: width, dtype, device
         step = cfg.chunk_size or len(probes)
         for s in range(0, len(probes), step):
             chunk = list(probes[s : s + step])
@@ -384,55 +411,38 @@ class OARGAdvantage(_OARAdvantage):
             noise = None
             if cfg.sigma > 0:
                 dist = [j for j, p in enumerate(sub) if p.mode in DIST_MODES]
-                if dist:
-                    rows = torch.tensor(dist, device="cpu")  # the noisy pass's padding, for the same numerics
-                    template, clean = self._clean_readout(
-                        [sub[j] for j in dist], ids[rows], att[rows], ctx
-                    )
+                if dist:  # the clean teachers: no grad, logits at the read positions only
+                    rows = torch.tensor(dist, device="cpu")  # the noisy pass's padding
+                    self._add("probe_forwards", len(dist))
+                    self._add("probe_tokens", float(att[rows].sum()))
+                    clean = mean_read_logits(ctx, ids[rows], att[rows], [sub[j] for j in dist])
                     for j, z in zip(dist, clean):
                         teachers[j] = z
-                elif template is None:
-                    template = self._embedding_template(ids, att, ctx)
+                template = self._embedding_template(ids, att, ctx)
                 shape = (*ids.shape, template.shape[-1])
                 noise = reasoning_noise(sub, template.new_zeros(shape), cfg.sigma, ctx.rng)
 
             def objective(emb: torch.Tensor, logits: torch.Tensor, sub=sub, teachers=teachers):
-                return probe_divergence(logits, sub, teachers).sum()  # at E + eps
+                return probe_divergence(logits, sub, teachers).sum()  # at E + eps, (K, V) read logits
 
             self._add("probe_forwards", len(sub))
             self._add("probe_tokens", float(att.sum()))
-            emb, grad = ctx.input_gradients(ids, att, objective, embedding_offset=noise)
+            emb, grad = ctx.input_gradients(ids, att, objective, embedding_offset=noise,
+                                            read=read_mask(sub, ids.shape[1]))
             saliency = (grad.double() * emb.double()).sum(-1).abs().cpu()  # (N, L), E clean
             for k, (j, p) in enumerate(zip(live, sub)):
                 scores[j] = saliency[k, p.reasoning_start + p.scored]
             out.extend(scores)
         return out
 
-    def _clean_readout(
-        self, probes: Sequence[Probe], ids: torch.Tensor, att: torch.Tensor, ctx: PolicyHandle
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The clean pass over ``ids``/``att`` (N, L) (row j from ``probes[j]``):
-        ``(embeddings (N, L, D), teachers)``, the mean logits (V,) of each probe at its clean
-        embeddings, detached. Runs through ``input_gradients`` with an objective (``0 * sum(E)``)
-        whose backward does not enter the model."""
-        captured: list[torch.Tensor] = []
-
-        def objective(emb: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                captured.extend(probe_readout(logits, probes))
-            return (emb * 0).sum()
-
-        self._add("probe_forwards", len(probes))
-        self._add("probe_tokens", float(att.sum()))
-        emb, _ = ctx.input_gradients(ids, att, objective)
-        return emb, captured
-
     def _embedding_template(
         self, ids: torch.Tensor, att: torch.Tensor, ctx: PolicyHandle
     ) -> torch.Tensor:
-        """(1, 1, D) embeddings of one token: the width, dtype and device the noise needs when no
-        clean pass ran (``answer_joint``); one one-token forward."""
-        self._add("probe_forwards", 1)
-        self._add("probe_tokens", 1.0)
-        emb, _ = ctx.input_gradients(ids[:1, :1], att[:1, :1], lambda e, _logits: (e * 0).sum())
-        return emb
+        """(1, 1, D) embeddings of one token: the width, dtype and device the noise needs; one
+        one-token pass on the estimator's first call, kept for the later ones."""
+        if getattr(self, "_template", None) is None:
+            self._add("probe_forwards", 1)
+            self._add("probe_tokens", 1.0)
+            self._template, _ = ctx.input_gradients(
+                ids[:1, :1], att[:1, :1], lambda e, _logits: (e * 0).sum(), read=att[:1, :1] > 0)
+        return self._template

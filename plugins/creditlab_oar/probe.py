@@ -30,17 +30,18 @@ Modes (what the probe reads):
 Rows whose answer is empty (no marker, or nothing after it) fall back from the answer modes to
 ``last`` (counted by the estimators).
 
-Read-outs through :class:`~creditlab.interfaces.PolicyHandle` (no method was added to the core;
-OAR-G's noisy forward uses the ``embedding_offset`` keyword of ``input_gradients``):
+Read-outs through :class:`~creditlab.interfaces.PolicyHandle` (OAR-G's noisy forward uses the
+``embedding_offset`` keyword of ``input_gradients``):
 
-* distributions: the handle has no method returning next-token distributions, but
-  ``ctx.input_gradients`` hands the logits ``(N, L, V)`` to the caller's objective.
-  :func:`next_token_logits` copies the needed rows there and returns ``0 * sum(embeddings)``, whose
-  backward does not enter the model. The forward still runs with autograd on (activation memory
-  as in training): keep chunks small.
-* ``phi``: :func:`answer_logprob` through ``ctx.logprobs`` (no grad). Note the handle applies the
-  rollout temperature to these log-probs; the distributions above are raw logits (temperature 1,
-  as the fragment). Both agree at ``rollout.temperature = 1``.
+* distributions: ``ctx.read_logits`` (no grad; logits at :func:`read_mask`'s positions only,
+  never ``(N, L, V)``), :func:`mean_read_logits`; perturbed probes through
+  ``ctx.branch_read_logits`` (each continues its clean probe's KV cache from the replaced token).
+* ``phi``: :func:`answer_logprob` through ``ctx.logprobs`` (no grad; perturbed probes through
+  ``ctx.branch_logprobs``). Note the handle applies the rollout temperature to these log-probs;
+  the distributions above are raw logits (temperature 1, as the fragment). Both agree at
+  ``rollout.temperature = 1``.
+* OAR-G: ``ctx.input_gradients(..., read=read_mask(...))`` hands its objective the read
+  positions' logits only, (K, V), gathered once.
 """
 
 from __future__ import annotations
@@ -237,33 +238,36 @@ def pad_right(seqs: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def next_token_logits(
-    ctx: PolicyHandle,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    positions: Sequence[Sequence[int]],
+def read_mask(probes: Sequence[Probe], width: int) -> torch.Tensor:
+    """(N, width) bool: row j marks ``probes[j].read_positions`` (the rows right-padded to
+    ``width``), the positions :meth:`~creditlab.interfaces.PolicyHandle.read_logits` returns."""
+    read = torch.zeros((len(probes), width), dtype=torch.bool, device="cpu")
+    for j, p in enumerate(probes):
+        read[j, p.read_positions] = True
+    return read
+
+
+def per_probe(logits: torch.Tensor, probes: Sequence[Probe]) -> list[torch.Tensor]:
+    """The packed read-out logits (K, V), K = the probes' read positions in order, split into one
+    (K_j, V) view per probe."""
+    return list(torch.split(logits, [len(p.read_positions) for p in probes]))
+
+
+def mean_read_logits(
+    ctx: PolicyHandle, input_ids: torch.Tensor, attention_mask: torch.Tensor, probes: Sequence[Probe]
 ) -> torch.Tensor:
-    """Mean raw logits over the given positions of each row, through ``ctx.input_gradients``.
+    """Mean raw logits over each probe's read positions, no grad (``ctx.read_logits``: logits at
+    those positions only).
 
     Args:
-        input_ids: (N, L) long.
+        input_ids: (N, L) long, row j = ``probes[j].ids`` right-padded.
         attention_mask: (N, L) long.
-        positions: N non-empty lists of positions (logits at position j predict token j + 1).
 
     Returns:
-        (N, V) float64 (detached).
+        (N, V) float64 (detached, CPU).
     """
-    captured: dict[str, torch.Tensor] = {}
-
-    def objective(embeddings: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            captured["z"] = torch.stack(
-                [logits[j, list(pos)].double().mean(0) for j, pos in enumerate(positions)]
-            )
-        return (embeddings * 0).sum()
-
-    ctx.input_gradients(input_ids, attention_mask, objective)
-    return captured["z"].cpu()
+    logits = ctx.read_logits(input_ids, attention_mask, read_mask(probes, input_ids.shape[1]))
+    return torch.stack([z.double().mean(0) for z in per_probe(logits, probes)]).cpu()
 
 
 def answer_logprob(
@@ -298,12 +302,13 @@ def probe_readout(logits: torch.Tensor, probes: Sequence[Probe]) -> list[torch.T
     :attr:`Probe.read_positions` ((V,) float64), for ``answer_joint`` ``phi`` (a float64 scalar).
 
     Args:
-        logits: (N, L, V), row j from ``probes[j].ids`` (right-padded).
+        logits: (K, V), the read positions' logits of all probes in order (:func:`read_mask`;
+            one gather, so the backward allocates one gradient of this size).
         probes: N probes.
     """
     out = []
-    for j, pr in enumerate(probes):
-        rows = logits[j, pr.read_positions].double()  # (K, V)
+    for pr, z in zip(probes, per_probe(logits, probes)):
+        rows = z.double()  # (K_j, V)
         if pr.mode in DIST_MODES:
             out.append(rows.mean(0))
         else:
@@ -323,7 +328,7 @@ def probe_divergence(
     gradient and is not needed (``teachers[j]`` is ignored, may be ``None``).
 
     Args:
-        logits: (N, L, V), row j from ``probes[j].ids`` (right-padded).
+        logits: (K, V), the read positions' logits of all probes in order (:func:`read_mask`).
         probes: N probes.
         teachers: N entries: (V,) clean mean logits for the distribution modes.
 

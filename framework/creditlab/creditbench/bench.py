@@ -163,9 +163,18 @@ class CountingHandle(ModelPolicyHandle):
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
         return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask)
 
-    def input_gradients(self, input_ids, attention_mask, objective, *, embedding_offset=None):  # type: ignore[no-untyped-def]
+    def read_logits(self, input_ids, attention_mask, read):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask.sum())
-        return super().input_gradients(input_ids, attention_mask, objective, embedding_offset=embedding_offset)
+        return super().read_logits(input_ids, attention_mask, read)
+
+    def branch_read_logits(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask, read):  # type: ignore[no-untyped-def]
+        self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
+        return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read)
+
+    def input_gradients(self, input_ids, attention_mask, objective, *, embedding_offset=None, read=None):  # type: ignore[no-untyped-def]
+        self.forward_tokens += int(attention_mask.sum())
+        return super().input_gradients(
+            input_ids, attention_mask, objective, embedding_offset=embedding_offset, read=read)
 
 
 def per_thought(adv: torch.Tensor, mask: torch.Tensor, spans: Spans) -> tuple[np.ndarray, np.ndarray]:

@@ -111,6 +111,73 @@ class PolicyHandle(abc.ABC):
             out[j, :n] = lp[j, int(at[j]) : int(at[j]) + n].float()
         return out
 
+    def read_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor
+    ) -> torch.Tensor:
+        """Raw next-token logits (temperature 1) at the positions ``read`` marks only, no grad.
+
+        This default runs :meth:`input_gradients` with an objective whose backward does not enter
+        the model; a handle holding the model runs a no-grad forward and sends only the read
+        positions' hidden states through the LM head.
+
+        Args:
+            input_ids: (B, L) long.
+            attention_mask: (B, L) long.
+            read: (B, L) bool, the positions whose logits are wanted (position ``j``'s logits
+                predict token ``j + 1``).
+
+        Returns:
+            (K, V) float32 (float64 from a float64 model), K = ``read.sum()``, the read positions
+            in row-major order.
+        """
+        captured: list[torch.Tensor] = []
+
+        def objective(embeddings: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+            captured.append(logits.detach() if logits.dtype == torch.float64 else logits.detach().float())
+            return (embeddings * 0).sum()
+
+        self.input_gradients(input_ids, attention_mask, objective, read=read)
+        return captured[0]
+
+    def branch_read_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        at: torch.Tensor,
+        branch_ids: torch.Tensor,
+        branch_mask: torch.Tensor,
+        read: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`read_logits` of branches that continue shared trunks (the arguments of
+        :meth:`branch_logprobs`): e.g. many copies of one sequence, each with one token replaced,
+        read after the replacement. This default builds every ``trunk[:at] + branch`` sequence and
+        calls :meth:`read_logits`; a handle holding the model may run each trunk once and branch
+        from its KV cache (the same numbers up to float rounding).
+
+        Args:
+            read: (J, M) bool: ``read[j, t]`` asks for the logits after branch token ``t``, i.e.
+                the distribution of the token following ``trunk[:at[j]] + branch_ids[j, :t + 1]``.
+
+        Returns:
+            (K, V) float32 (float64 from a float64 model), K = ``read.sum()``, in row-major order
+            of ``read``.
+        """
+        seqs, cols = [], []
+        for j in range(len(rows)):
+            trunk = input_ids[rows[j], : at[j]]
+            seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
+            cols.append(int(at[j]))
+        width = max((len(x) for x in seqs), default=0)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
+        mask = torch.zeros_like(ids)
+        where = torch.zeros((len(seqs), width), dtype=torch.bool, device=input_ids.device)
+        for j, x in enumerate(seqs):
+            ids[j, : len(x)], mask[j, : len(x)] = x, 1
+            t = read[j].nonzero().flatten().to(input_ids.device)
+            where[j, cols[j] + t] = True
+        return self.read_logits(ids, mask, where)
+
     @abc.abstractmethod
     def input_gradients(
         self,
@@ -119,6 +186,7 @@ class PolicyHandle(abc.ABC):
         objective: Any,
         *,
         embedding_offset: torch.Tensor | None = None,
+        read: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradient of a scalar objective with respect to the input embeddings.
 
@@ -131,10 +199,14 @@ class PolicyHandle(abc.ABC):
             attention_mask: (B, L) long.
             objective: Callable ``(embeddings (B, L, D), logits (B, L, V)) -> scalar`` built by
                 the caller; ``embeddings`` is the clean ``E`` (requires grad; passed for
-                reference), ``logits`` those of the forward on ``E + embedding_offset``.
+                reference), ``logits`` those of the forward on ``E + embedding_offset`` (with
+                ``read``: only the read positions' logits, (K, V) in row-major order).
             embedding_offset: Optional (B, L, D) tensor added to the input embeddings before the
                 forward (e.g. noise); cast to their dtype and device; not differentiated.
                 ``None``: no offset.
+            read: Optional (B, L) bool: hand the objective only these positions' logits, (K, V)
+                with K = ``read.sum()`` (a handle holding a large-vocabulary model then never
+                computes the others). ``None``: every position's, (B, L, V).
 
         Returns:
             ``(embeddings, gradients)``, both (B, L, D), detached: the clean ``E`` and

@@ -296,6 +296,7 @@ def branch_logits(
     branch_mask: torch.Tensor,
     chunk: int = 0,
     decoder: Any = None,
+    after_each: bool = False,
 ) -> torch.Tensor | None:
     """(J, M, V) logits predicting each branch token, each trunk run once (see
     :meth:`creditlab.interfaces.PolicyHandle.branch_logprobs` for the arguments).
@@ -306,8 +307,12 @@ def branch_logits(
     branch column ``t`` predict ``branch_ids[j, t]`` from ``trunk[:at[j]] + branch_ids[j, :t]``,
     as a full forward over that sequence would (up to float rounding). ``chunk`` > 0 runs the
     branches that many at a time. With ``decoder`` (``model``'s decoder stack), the (J, M, H) final
-    hidden states there instead, in the model's dtype (no LM head run). Returns ``None`` when the model's cache cannot be gathered
-    (not plain full attention, dynamic RoPE, or no ``logits_to_keep``): the caller falls back.
+    hidden states there instead, in the model's dtype (no LM head run). With ``after_each``, the
+    outputs *at* each branch token instead (column ``t``: the distribution following
+    ``trunk[:at[j]] + branch_ids[j, :t + 1]``; no trunk token is re-fed), for
+    :meth:`~creditlab.interfaces.PolicyHandle.branch_read_logits`. Returns ``None`` when the
+    model's cache cannot be gathered (not plain full attention, dynamic RoPE, or no
+    ``logits_to_keep``): the caller falls back.
     """
     if dynamic_rope(model) or not accepts_logits_to_keep(model) or bool((at < 1).any()):
         return None
@@ -328,14 +333,17 @@ def branch_logits(
     for s in range(0, len(rows), step):
         r, a = rows[s : s + step], at[s : s + step]
         ids, bmask = branch_ids[s : s + step], branch_mask[s : s + step]
-        first = input_ids[r, a - 1].unsqueeze(1)  # (j, 1): re-fed so its logits predict branch token 0
-        past = (cols[None, :] < (a - 1)[:, None]) & (attention_mask[r] > 0)
+        # re-feed trunk token at - 1 so its output predicts branch token 0 (not with after_each)
+        start = a if after_each else a - 1
+        first = input_ids[r, a - 1].unsqueeze(1)[:, :0 if after_each else 1]  # (j, 0 or 1)
+        past = (cols[None, :] < start[:, None]) & (attention_mask[r] > 0)
         mask = torch.cat([past.long(), torch.ones_like(first), bmask.long()], dim=1)
-        pos = (a - 1)[:, None] + torch.arange(ids.shape[1] + 1, device=ids.device)[None, :]
+        pos = start[:, None] + torch.arange(ids.shape[1] + first.shape[1], device=ids.device)[None, :]
         out = net(
             input_ids=torch.cat([first, ids], dim=1), attention_mask=mask, position_ids=pos,
             use_cache=True, **{CACHE_KEY: _select_cache(trunk_cache, r)},
         )
-        states = _states(out, decoder)[:, :-1]
+        states = _states(out, decoder)
+        states = states if after_each else states[:, :-1]
         outs.append(states.float() if decoder is None else states)
     return torch.cat(outs) if outs else None

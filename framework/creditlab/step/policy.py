@@ -66,6 +66,29 @@ def forward_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return out.logits
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def read_head(
+    model: Any, fused: str, input_ids: torch.Tensor | None, attention_mask: torch.Tensor,
+    read: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(K, V) logits at the K positions ``read`` (B, L) bool marks, row-major, in the model's
+    dtype, differentiable when grad is on: the decoder's hidden states at those positions only
+    through the LM head where it can be fused (``fused`` = ``loss.fused_head``,
+    :func:`~creditlab.step.token_logprobs.fused_head_of`), else the full (B, L, V) logits indexed
+    once. Input: ``input_ids`` (B, L) or ``inputs_embeds`` (B, L, D)."""
+    head = fused_head_of(model, fused)
+    inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+    kwargs = {"attention_mask": attention_mask, "position_ids": position_ids(attention_mask), "use_cache": False}
+    if head is None:
+        return model(**inputs, **kwargs).logits[read]
+    decoder, weight, bias = head
+    hidden = decoder(**inputs, **kwargs).last_hidden_state
+    return torch.nn.functional.linear(hidden[read], weight, bias)
+
+
 class ModelPolicyHandle(PolicyHandle):
     """The current policy as parts see it: the trained module, its tokenizer and the backend.
 
@@ -176,6 +199,51 @@ class ModelPolicyHandle(PolicyHandle):
                 return gather_logprobs(states, branch_ids, self.temperature) * branch_mask
         return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask)
 
+    @torch.no_grad()
+    def read_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor
+    ) -> torch.Tensor:
+        """A no-grad forward up to the last read column; only the read positions' hidden states
+        reach the LM head where it can be fused (:func:`read_head`), ``micro_batch_size`` rows at
+        a time."""
+        input_ids, attention_mask, read = (x.to(self.device) for x in (input_ids, attention_mask, read))
+        read = read.bool()
+        width = int(read.any(0).nonzero().max()) + 1 if read.any() else 0
+        step = self.micro_batch_size or max(input_ids.shape[0], 1)
+        outs = [torch.zeros((0, 0), device=self.device)]
+        for s in range(0, input_ids.shape[0], step):
+            ids, mask, want = (x[s : s + step, :width] for x in (input_ids, attention_mask, read))
+            if want.any():
+                outs.append(_at_least_fp32(read_head(self.model, self.fused_head, ids, mask, want)))
+        return torch.cat(outs[1:]) if len(outs) > 1 else outs[0]
+
+    @torch.no_grad()
+    def branch_read_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rows: torch.Tensor,
+        at: torch.Tensor,
+        branch_ids: torch.Tensor,
+        branch_mask: torch.Tensor,
+        read: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each trunk runs once; branches continue from its KV cache and only the read positions'
+        hidden states reach the LM head (the default when the cache cannot be shared)."""
+        input_ids, attention_mask, rows, at, branch_ids, branch_mask, read = (
+            x.to(self.device) for x in (input_ids, attention_mask, rows, at, branch_ids, branch_mask, read))
+        head = fused_head_of(self.model, self.fused_head)
+        states = None
+        if len(rows):
+            states = branch_logits(
+                self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
+                chunk=self.micro_batch_size, decoder=None if head is None else head[0], after_each=True,
+            )
+        if states is None:
+            return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read)
+        picked = states[read.bool()]
+        return _at_least_fp32(picked if head is None else torch.nn.functional.linear(picked, head[1], head[2]))
+
     def input_gradients(
         self,
         input_ids: torch.Tensor,
@@ -183,18 +251,22 @@ class ModelPolicyHandle(PolicyHandle):
         objective: Any,
         *,
         embedding_offset: torch.Tensor | None = None,
+        read: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         if embedding_offset is not None:
             embedding_offset = embedding_offset.to(self.device)
         embeddings = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
-            logits = self.model(
-                inputs_embeds=offset_embeddings(embeddings, embedding_offset),
-                attention_mask=attention_mask,
-                position_ids=position_ids(attention_mask),
-                use_cache=False,
-            ).logits
+            inputs = offset_embeddings(embeddings, embedding_offset)
+            if read is None:
+                logits = self.model(
+                    inputs_embeds=inputs, attention_mask=attention_mask,
+                    position_ids=position_ids(attention_mask), use_cache=False,
+                ).logits
+            else:
+                logits = read_head(self.model, self.fused_head, None, attention_mask,
+                                   read.to(self.device).bool(), inputs_embeds=inputs)
             value = objective(embeddings, logits)
             (grad,) = torch.autograd.grad(value, embeddings)
         return embeddings.detach(), grad.detach()

@@ -135,12 +135,16 @@ class FakePolicyHandle(PolicyHandle):
         objective: Any,
         *,
         embedding_offset: torch.Tensor | None = None,
+        read: torch.Tensor | None = None,
     ):
-        """Logits ``logits_fn(ids) + sum_d (E + embedding_offset)_d``; gradient w.r.t. clean E."""
+        """Logits ``logits_fn(ids) + sum_d (E + embedding_offset)_d`` (at ``read`` only, when
+        given); gradient w.r.t. clean E."""
         emb = self.embedding(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             inputs = offset_embeddings(emb, embedding_offset)
             logits = self.logits_fn(input_ids).float() + inputs.sum(-1, keepdim=True)
+            if read is not None:
+                logits = logits[read.bool()]
             (grad,) = torch.autograd.grad(objective(emb, logits), emb)
         return emb.detach(), grad.detach()
 

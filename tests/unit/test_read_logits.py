@@ -1,0 +1,113 @@
+"""``PolicyHandle.read_logits``, ``branch_read_logits`` and ``input_gradients(read=...)``: the
+logits of the read positions only, equal to the full logits there (fused head on and off, KV-cached
+branches against whole sequences, every gradient), and OAR-P / OAR-G give the same importance
+through them with the head fused or not. No (rows, tokens, V) tensor is built on the fused path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from creditlab.interfaces import PolicyHandle
+from creditlab.step.policy import ModelPolicyHandle, forward_logits
+from creditlab_oar.advantage import OARGAdvantage, OARPAdvantage
+
+from tests.unit.test_accel import MODELS
+from tests.unit.test_branch_logprobs import _case
+from tests.unit.test_fused_head import _Largest
+from tests.unit.test_oar import _batch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _handle(model, fused, tok=None, seed=0):
+    return ModelPolicyHandle(model, tok, None, torch.Generator().manual_seed(seed), fused_head=fused)
+
+
+def _read(mask, seed=0):
+    """(B, L) bool: a few real positions per row, one row with none."""
+    g = torch.Generator().manual_seed(seed)
+    read = (torch.rand(mask.shape, generator=g) < 0.3) & (mask > 0)
+    read[0] = False
+    read[1, int(mask[1].sum()) - 1] = True  # a row's last real token
+    return read
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-tied"])
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_read_logits_are_the_full_logits_at_the_read_positions(name, fused):
+    model, _ = MODELS[name]()
+    ids, mask, *_ = _case(model.config.vocab_size)
+    read = _read(mask)
+    with torch.no_grad():
+        full = forward_logits(model, ids, mask)  # (B, L, V)
+    got = _handle(model, fused).read_logits(ids, mask, read)
+    assert got.shape == (int(read.sum()), model.config.vocab_size) and got.dtype == torch.float32
+    torch.testing.assert_close(got, full[read], atol=1e-5, rtol=1e-5)
+    chunked = _handle(model, fused)
+    chunked.micro_batch_size = 2
+    torch.testing.assert_close(chunked.read_logits(ids, mask, read), got, atol=1e-5, rtol=1e-5)
+    default = PolicyHandle.read_logits(_handle(model, fused), ids, mask, read)  # via input_gradients
+    torch.testing.assert_close(default, got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_cached_branch_reads_equal_whole_sequences(fused):
+    model, _ = MODELS["llama-gqa"]()
+    ids, mask, rows, at, branch_ids, branch_mask = _case(model.config.vocab_size, seed=2)
+    read = branch_mask.bool().clone()
+    read[1, 0] = False  # not every branch token
+    handle = _handle(model, fused)
+    fast = handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, read)
+    plain = PolicyHandle.branch_read_logits(handle, ids, mask, rows, at, branch_ids, branch_mask, read)
+    assert fast.shape == plain.shape == (int(read.sum()), model.config.vocab_size)
+    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_input_gradients_with_read_positions_equal_the_full_logits(fused):
+    model, _ = MODELS["llama-gqa"]()
+    ids, mask, *_ = _case(model.config.vocab_size, seed=3)
+    read = _read(mask, seed=3)
+    weights = torch.randn((int(read.sum()), model.config.vocab_size), generator=torch.Generator().manual_seed(0))
+    offset = 1e-2 * torch.randn((*ids.shape, model.config.hidden_size), generator=torch.Generator().manual_seed(1))
+    handle = _handle(model, fused)
+    emb, grad = handle.input_gradients(ids, mask, lambda e, z: (z.log_softmax(-1) * weights).sum(),
+                                       embedding_offset=offset, read=read)
+    emb_ref, grad_ref = handle.input_gradients(
+        ids, mask, lambda e, z: (z[read].log_softmax(-1) * weights).sum(), embedding_offset=offset)
+    torch.testing.assert_close(emb, emb_ref)
+    assert grad.abs().max() > 0
+    torch.testing.assert_close(grad, grad_ref, atol=1e-6, rtol=1e-4)
+
+
+def test_fused_read_builds_no_tensor_of_rows_by_tokens_by_vocab():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    ids, mask, *_ = _case(model.config.vocab_size, seed=4)
+    read = _read(mask, seed=4)
+    full = ids.numel() * model.config.vocab_size
+    for fused, below in (("on", True), ("off", False)):
+        with _Largest() as seen:
+            _handle(model, fused).read_logits(ids, mask, read)
+        assert (seen.largest < full) is below, (fused, seen.largest, full)
+
+
+@pytest.mark.parametrize("cls,options", [
+    (OARPAdvantage, {"mode": "last", "chunk_size": 5}),
+    (OARPAdvantage, {"mode": "answer_mean"}),
+    (OARPAdvantage, {"mode": "answer_joint", "chunk_size": 7}),
+    (OARGAdvantage, {"mode": "answer_mean"}),
+    (OARGAdvantage, {"mode": "answer_joint", "chunk_size": 2}),
+])
+def test_oar_importance_is_the_same_with_the_head_fused(cls, options):
+    from tests.helpers import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(seed=3)
+    batch = _batch(tok)
+    got = [cls(cls.Config(**options)).importance(batch, _handle(model, fused, tok, seed=7), rows=[0, 1, 2, 3])
+           for fused in ("on", "off")]
+    assert got[0][1].equal(got[1][1]) and got[0][1].any()
+    torch.testing.assert_close(got[0][0], got[1][0], atol=1e-6, rtol=1e-4)
