@@ -29,7 +29,7 @@ def test_pack_rows_by_hand():
     # no token budget: consecutive runs of max_rows, as drawn
     assert [c.tolist() for c in pack_rows(rows, p, r, 2)] == [[10, 11], [12, 13], [14]]
     assert [c.tolist() for c in pack_rows(rows, p, r)] == [[10, 11, 12, 13, 14]]
-    # budget 24: longest first (14: 11, 11: 9, 12: 6, 13: 5, 10: 3); 14 + 11 need 2 x (3 + 9) = 24;
+    # budget 24: longest response first (14: 9, 11: 6, 12: 4, 13: 2, 10: 1); 14 + 11 need 2 x (3 + 9) = 24;
     # adding 12 would need 3 x 12 = 36; then 12, 13 (2 x (3 + 4) = 14), 10 (3 x 7 = 21)
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 24)] == [[14, 11], [12, 13, 10]]
     assert [c.tolist() for c in pack_rows(rows, p, r, 2, 24)] == [[14, 11], [12, 13], [10]]
@@ -38,6 +38,9 @@ def test_pack_rows_by_hand():
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 60)] == [[10, 11, 12, 13, 14]]  # 5 x (3 + 9)
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 59)] == [[14, 11, 12, 13], [10]]
     assert pack_rows(rows[:0], p[:0], r[:0], 0, 8) == []
+    # responses first: a long prompt with a short response waits behind a long response
+    p2, r2 = torch.tensor([9, 1, 1]), torch.tensor([1, 5, 4])  # totals 10, 6, 5
+    assert [c.tolist() for c in pack_rows(rows[:3], p2, r2, 0, 12)] == [[11, 12], [10]]
     assert columns(6, torch.tensor([2, 4]), torch.tensor([3, 1])) == (2, 3)
     assert columns(6, torch.tensor([2]), torch.tensor([0])) == (4, 1)  # at least one position
 

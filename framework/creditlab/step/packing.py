@@ -39,7 +39,8 @@ def pack_rows(
     Returns:
         Non-empty (b,) index tensors covering ``rows`` once each. Without a token budget:
         consecutive runs of ``max_rows`` in the given order (the whole mini-batch when
-        ``max_rows`` is 0). With one: the rows sorted longest first (stable) and filled greedily;
+        ``max_rows`` is 0). With one: the rows sorted longest response first (then longest
+        prompt; stable) and filled greedily;
         when they all fit in one micro-batch, that micro-batch keeps the given order.
     """
     n = len(rows)
@@ -50,7 +51,9 @@ def pack_rows(
     p, r = prompt_lens.long().tolist(), response_lens.long().tolist()
     if n * (max(p) + max(r)) <= max_tokens and (max_rows <= 0 or n <= max_rows):
         return [rows]
-    order = sorted(range(n), key=lambda i: -(p[i] + r[i]))  # stable: ties keep the drawn order
+    # by response length, then prompt length (stable: ties keep the drawn order): a micro-batch's
+    # padded response positions are what the head and the backward pay for; prompts are shared
+    order = sorted(range(n), key=lambda i: (-r[i], -p[i]))
     out, current, wp, wr = [], [], 0, 0
     for i in order:
         np_, nr = max(wp, p[i]), max(wr, r[i])
