@@ -95,18 +95,29 @@ class Bench:
         return t1 - t0, time.perf_counter() - t1
 
     def update(self, rollout: Any, advantages: torch.Tensor, cfg: Any) -> None:
-        """One optimizer update as ``CreditAssignmentModule.update`` does it with one mini-batch
-        and no micro-batching: shared-prompt forward, loss, backward, clip, fused AdamW."""
+        """One optimizer update as ``CreditAssignmentModule.update`` does it with one mini-batch:
+        micro-batches packed by ``loss.micro_batch_size`` / ``micro_batch_tokens`` and cut to their
+        own columns, the shared-prompt forward through the fused head where ``loss.fused_head``
+        allows, global denominators, backward, clip, fused AdamW."""
         from creditlab.step.aggregation import MiniBatchStats
-        from creditlab.step.forward import response_logits
-        from creditlab.step.losses import gather_logprobs, policy_loss
+        from creditlab.step.losses import policy_loss
+        from creditlab.step.packing import columns, pack_rows
+        from creditlab.step.token_logprobs import response_logprobs
 
         opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, fused=True)
         stats = MiniBatchStats.from_mask(rollout.loss_mask, cfg)
-        logits = response_logits(self.model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
-        logprobs = gather_logprobs(logits, rollout.response_ids, self.rollout_cfg.temperature)
-        loss, _ = policy_loss(logprobs, None, advantages, rollout.loss_mask, cfg, stats)
-        loss.backward()
+        prompt, response = rollout.row_lengths
+        p = rollout.prompt_len
+        temperature = self.rollout_cfg.temperature or 1.0
+        for rows in pack_rows(torch.arange(rollout.size), prompt, response, cfg.micro_batch_size,
+                              int(cfg.micro_batch_tokens or 0)):
+            start, t = columns(p, prompt[rows], response[rows])
+            lp, _ = response_logprobs(
+                self.model, rollout.input_ids[rows, start : p + t], rollout.attention_mask[rows, start : p + t],
+                p - start, rollout.response_ids[rows, :t], rollout.response_mask[rows, :t], temperature,
+                fused=cfg.fused_head, with_entropy=False)
+            loss, _ = policy_loss(lp, None, advantages[rows, :t], rollout.loss_mask[rows, :t], cfg, stats)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -305,43 +305,46 @@ class OARPAdvantage(_OARAdvantage):
                                           [probes[i].answer_len for i in part])
                 clean.update(zip(part, vals))
             jobs = [(i, k) for i in mine for k in range(probes[i].scored.numel())]
-            step = cfg.chunk_size or max(len(jobs), 1)
-            for s in range(0, len(jobs), step):
-                chunk = jobs[s : s + step]
-                vals = self._perturbed(chunk, probes, ctx, mask_id, pad, dist)
-                base = torch.stack([clean[i] for i, _ in chunk])
-                delta = kl_from_logits(base, vals) if dist else base - vals
-                for (i, k), d in zip(chunk, delta):
-                    scores[i][k] = d
+            if not jobs:
+                continue
+            vals = self._perturbed(jobs, probes, ctx, mask_id, pad, dist)
+            base = torch.stack([clean[i] for i, _ in jobs])
+            delta = kl_from_logits(base, vals) if dist else base - vals
+            for (i, k), d in zip(jobs, delta):
+                scores[i][k] = d
         return scores
 
     def _perturbed(
-        self, chunk: Sequence[tuple[int, int]], probes: Sequence[Probe], ctx: PolicyHandle,
+        self, jobs: Sequence[tuple[int, int]], probes: Sequence[Probe], ctx: PolicyHandle,
         mask_id: int, pad: int, dist: bool,
     ) -> torch.Tensor:
         """Read-outs of the probes ``(i, k)`` (probe ``i`` with scored token ``k`` replaced by
-        ``mask_id``): (J, V) mean logits (``dist``) or (J,) ``phi``, float64."""
-        trunks = list(dict.fromkeys(i for i, _ in chunk))  # the chunk's clean probes, in order
+        ``mask_id``): (J, V) mean logits (``dist``) or (J,) ``phi``, float64. One call: the clean
+        probes run once as trunks, the branches ``chunk_size`` at a time (the handle sorts them by
+        length, so a forward runs little padding)."""
+        trunks = list(dict.fromkeys(i for i, _ in jobs))  # the jobs' clean probes, in order
         local = {i: j for j, i in enumerate(trunks)}
         trunk_ids, trunk_att = pad_right([probes[i].ids for i in trunks], pad)
-        at = [probes[i].reasoning_start + int(probes[i].scored[k]) for i, k in chunk]
+        at = [probes[i].reasoning_start + int(probes[i].scored[k]) for i, k in jobs]
         mask = torch.tensor([mask_id], dtype=torch.long, device="cpu")
         branch_ids, branch_att = pad_right(
-            [torch.cat([mask, probes[i].ids[a + 1 :].cpu()]) for (i, _), a in zip(chunk, at)], pad)
-        rows = torch.tensor([local[i] for i, _ in chunk], device="cpu")
+            [torch.cat([mask, probes[i].ids[a + 1 :].cpu()]) for (i, _), a in zip(jobs, at)], pad)
+        rows = torch.tensor([local[i] for i, _ in jobs], device="cpu")
         at_t = torch.tensor(at, device="cpu")
-        self._add("probe_forwards", len(chunk))
+        self._add("probe_forwards", len(jobs))
         self._add("probe_tokens", float(trunk_att.sum() + branch_att.sum()))
         if dist:
             read = torch.zeros(branch_ids.shape, dtype=torch.bool, device="cpu")
-            for j, ((i, _), a) in enumerate(zip(chunk, at)):
+            for j, ((i, _), a) in enumerate(zip(jobs, at)):
                 read[j, [r - a for r in probes[i].read_positions]] = True
-            logits = ctx.branch_read_logits(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att, read)
+            logits = ctx.branch_read_logits(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att, read,
+                                            chunk=self.config.chunk_size)
             return torch.stack([z.double().mean(0) for z in
-                                per_probe(logits, [probes[i] for i, _ in chunk])]).cpu()
-        lp = ctx.branch_logprobs(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att).double().cpu()
+                                per_probe(logits, [probes[i] for i, _ in jobs])]).cpu()
+        lp = ctx.branch_logprobs(trunk_ids, trunk_att, rows, at_t, branch_ids, branch_att,
+                                 chunk=self.config.chunk_size).double().cpu()
         out = []
-        for j, ((i, _), a) in enumerate(zip(chunk, at)):
+        for j, ((i, _), a) in enumerate(zip(jobs, at)):
             p = probes[i]
             out.append(lp[j, p.cue_end - a : p.cue_end - a + p.answer_len].sum() / max(p.answer_len, 1))
         return torch.stack(out)

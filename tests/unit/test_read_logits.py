@@ -61,6 +61,9 @@ def test_cached_branch_reads_equal_whole_sequences(fused):
     plain = PolicyHandle.branch_read_logits(handle, ids, mask, rows, at, branch_ids, branch_mask, read)
     assert fast.shape == plain.shape == (int(read.sum()), model.config.vocab_size)
     torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+    # two branches a forward, longest first, each chunk cut to its own width: the same, in order
+    chunked = handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, read, chunk=2)
+    torch.testing.assert_close(chunked, plain, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])

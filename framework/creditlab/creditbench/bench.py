@@ -159,17 +159,17 @@ class CountingHandle(ModelPolicyHandle):
         self.forward_tokens += int(attention_mask.sum())
         return super().logprobs(input_ids, attention_mask, positions)
 
-    def branch_logprobs(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask):  # type: ignore[no-untyped-def]
+    def branch_logprobs(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask, *, chunk=0):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
-        return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask)
+        return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask, chunk=chunk)
 
     def read_logits(self, input_ids, attention_mask, read):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask.sum())
         return super().read_logits(input_ids, attention_mask, read)
 
-    def branch_read_logits(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask, read):  # type: ignore[no-untyped-def]
+    def branch_read_logits(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask, read, *, chunk=0):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
-        return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read)
+        return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read, chunk=chunk)
 
     def input_gradients(self, input_ids, attention_mask, objective, *, embedding_offset=None, read=None):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask.sum())

@@ -72,6 +72,8 @@ class PolicyHandle(abc.ABC):
         at: torch.Tensor,
         branch_ids: torch.Tensor,
         branch_mask: torch.Tensor,
+        *,
+        chunk: int = 0,
     ) -> torch.Tensor:
         """Teacher-forced log-probs of short continuations that branch off shared sequences, no grad.
 
@@ -88,6 +90,7 @@ class PolicyHandle(abc.ABC):
             at: (J,) long, ``1 <= at[j] <=`` the real length of trunk ``rows[j]``.
             branch_ids: (J, M) long, right-padded.
             branch_mask: (J, M) long.
+            chunk: Branches per forward at most, a memory bound (0: the handle's own choice).
 
         Returns:
             (J, M) float: ``[j, t] = log p(branch_ids[j, t] | trunk[:at[j]] + branch_ids[j, :t])``,
@@ -148,6 +151,8 @@ class PolicyHandle(abc.ABC):
         branch_ids: torch.Tensor,
         branch_mask: torch.Tensor,
         read: torch.Tensor,
+        *,
+        chunk: int = 0,
     ) -> torch.Tensor:
         """:meth:`read_logits` of branches that continue shared trunks (the arguments of
         :meth:`branch_logprobs`): e.g. many copies of one sequence, each with one token replaced,
@@ -158,6 +163,7 @@ class PolicyHandle(abc.ABC):
         Args:
             read: (J, M) bool: ``read[j, t]`` asks for the logits after branch token ``t``, i.e.
                 the distribution of the token following ``trunk[:at[j]] + branch_ids[j, :t + 1]``.
+            chunk: As in :meth:`branch_logprobs`.
 
         Returns:
             (K, V) float32 (float64 from a float64 model), K = ``read.sum()``, in row-major order

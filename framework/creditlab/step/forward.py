@@ -270,8 +270,9 @@ def _response(
     return torch.cat([head, _states(out, decoder)], dim=1)
 
 
-def _select_cache(cache: Any, index: torch.Tensor) -> Any:
-    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is).
+def _select_cache(cache: Any, index: torch.Tensor, columns: int | None = None) -> Any:
+    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (``cache`` is left as it is), and
+    only its first ``columns`` positions when given.
 
     ``index_select``, not advanced indexing (``DynamicLayer.batch_select_indices``): its backward
     sums the rows' gradients into the shared prompt in a fixed order, where indexing's backward
@@ -281,7 +282,8 @@ def _select_cache(cache: Any, index: torch.Tensor) -> Any:
     """
     out = DynamicCache()
     for i, layer in enumerate(cache.layers):
-        out.update(layer.keys.index_select(0, index), layer.values.index_select(0, index), i)
+        keys, values = layer.keys[:, :, :columns], layer.values[:, :, :columns]
+        out.update(keys.index_select(0, index), values.index_select(0, index), i)
     return out
 
 
@@ -306,7 +308,9 @@ def branch_logits(
     against the trunk's cached keys/values masked to columns ``< at[j] - 1``: the logits at
     branch column ``t`` predict ``branch_ids[j, t]`` from ``trunk[:at[j]] + branch_ids[j, :t]``,
     as a full forward over that sequence would (up to float rounding). ``chunk`` > 0 runs the
-    branches that many at a time. With ``decoder`` (``model``'s decoder stack), the (J, M, H) final
+    branches that many at a time, longest first, each chunk cut to its own longest branch and to
+    the cache columns it reads (no padding is run); the trunks run only up to the last column a
+    branch reads. With ``decoder`` (``model``'s decoder stack), the (J, M, H) final
     hidden states there instead, in the model's dtype (no LM head run). With ``after_each``, the
     outputs *at* each branch token instead (column ``t``: the distribution following
     ``trunk[:at[j]] + branch_ids[j, :t + 1]``; no trunk token is re-fed), for
@@ -320,30 +324,39 @@ def branch_logits(
     if cache is None:
         return None
     net = model if decoder is None else decoder
+    start = at if after_each else at - 1  # the first branch position; the cache holds columns < start
+    upto = max(int(start.max()), 1) if len(rows) else 1  # no branch reads a trunk column past this
+    ids_t, mask_t = input_ids[:, :upto], attention_mask[:, :upto]
     last = {} if decoder is not None else {"logits_to_keep": keep_last(1, input_ids.device)}
     model_out = net(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+        input_ids=ids_t, attention_mask=mask_t, position_ids=position_ids(mask_t),
         use_cache=True, **last, **{CACHE_KEY: cache},
     )
     trunk_cache = cache_of(model_out)
-    width = input_ids.shape[1]
-    cols = torch.arange(width, device=input_ids.device)
-    outs = []
-    step = chunk or len(rows)
+    cols = torch.arange(upto, device=input_ids.device)
+    lengths = branch_mask.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)  # chunks of similar lengths
+    step = chunk or max(len(rows), 1)
+    result = None
     for s in range(0, len(rows), step):
-        r, a = rows[s : s + step], at[s : s + step]
-        ids, bmask = branch_ids[s : s + step], branch_mask[s : s + step]
+        idx = order[s : s + step]
+        r, a, b0 = rows[idx], at[idx], start[idx]
+        m = max(int(lengths[idx].max()), 1)  # this chunk's longest branch: later columns are padding
+        ids, bmask = branch_ids[idx, :m], branch_mask[idx, :m]
         # re-feed trunk token at - 1 so its output predicts branch token 0 (not with after_each)
-        start = a if after_each else a - 1
         first = input_ids[r, a - 1].unsqueeze(1)[:, :0 if after_each else 1]  # (j, 0 or 1)
-        past = (cols[None, :] < start[:, None]) & (attention_mask[r] > 0)
+        c = max(int(b0.max()), 1)  # cache columns this chunk reads
+        past = (cols[None, :c] < b0[:, None]) & (mask_t[r, :c] > 0)
         mask = torch.cat([past.long(), torch.ones_like(first), bmask.long()], dim=1)
-        pos = start[:, None] + torch.arange(ids.shape[1] + first.shape[1], device=ids.device)[None, :]
+        pos = b0[:, None] + torch.arange(m + first.shape[1], device=ids.device)[None, :]
         out = net(
             input_ids=torch.cat([first, ids], dim=1), attention_mask=mask, position_ids=pos,
-            use_cache=True, **{CACHE_KEY: _select_cache(trunk_cache, r)},
+            use_cache=True, **{CACHE_KEY: _select_cache(trunk_cache, r, c)},
         )
         states = _states(out, decoder)
         states = states if after_each else states[:, :-1]
-        outs.append(states.float() if decoder is None else states)
-    return torch.cat(outs) if outs else None
+        states = states.float() if decoder is None else states
+        if result is None:
+            result = states.new_zeros((len(rows), branch_ids.shape[1], states.shape[-1]))
+        result[idx, :m] = states
+    return result

@@ -180,6 +180,8 @@ class ModelPolicyHandle(PolicyHandle):
         at: torch.Tensor,
         branch_ids: torch.Tensor,
         branch_mask: torch.Tensor,
+        *,
+        chunk: int = 0,
     ) -> torch.Tensor:
         """Each trunk runs once; branches continue from its KV cache
         (:func:`creditlab.step.forward.branch_logits`), or the plain default when the model's cache
@@ -190,7 +192,7 @@ class ModelPolicyHandle(PolicyHandle):
             head = fused_head_of(self.model, self.fused_head)
             states = branch_logits(
                 self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
-                chunk=self.micro_batch_size, decoder=None if head is None else head[0],
+                chunk=chunk or self.micro_batch_size, decoder=None if head is None else head[0],
             )
             if states is not None and head is not None:
                 return select_logprobs(
@@ -227,6 +229,8 @@ class ModelPolicyHandle(PolicyHandle):
         branch_ids: torch.Tensor,
         branch_mask: torch.Tensor,
         read: torch.Tensor,
+        *,
+        chunk: int = 0,
     ) -> torch.Tensor:
         """Each trunk runs once; branches continue from its KV cache and only the read positions'
         hidden states reach the LM head (the default when the cache cannot be shared)."""
@@ -237,7 +241,7 @@ class ModelPolicyHandle(PolicyHandle):
         if len(rows):
             states = branch_logits(
                 self.model, input_ids, attention_mask, rows, at, branch_ids, branch_mask,
-                chunk=self.micro_batch_size, decoder=None if head is None else head[0], after_each=True,
+                chunk=chunk or self.micro_batch_size, decoder=None if head is None else head[0], after_each=True,
             )
         if states is None:
             return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read)
