@@ -114,6 +114,34 @@ def test_recipe_shape_equals_the_built_checkpoint(tmp_path, monkeypatch):
     assert len(tok) == config.vocab_size
 
 
+def test_smollm2_shape_equals_the_gguf_files_config(tmp_path, monkeypatch):
+    """smollm2_135m's registered config is the one the conversion builds: transformers' reading of
+    the GGUF metadata (the recipe saves exactly that config; converting takes 20-40 s and 540 MB,
+    so the metadata stands for it). 134,515,008 parameters: 49,152 x 576 tied embeddings + 30
+    layers of q 576², k and v 576 x 192, o 576², MLP 3 x 576 x 1536, two norms 2 x 576 + the final norm."""
+    pytest.importorskip("gguf")
+    from creditlab_smollm2 import convert
+    from creditlab_smollm2.shape import smollm2_sft_shape, smollm2_shape
+
+    try:
+        source = convert.gguf_path()
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("CREDITLAB_CACHE", str(tmp_path))  # no converted checkpoint: the GGUF tokenizer
+    config, tok = smollm2_shape({})
+    gguf = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name).to_dict()
+    for key in ("_name_or_path", "_model_name_or_path", "architectures", "dtype", "transformers_version"):
+        gguf.pop(key, None)
+    assert {k: v for k, v in config.to_dict().items() if k in gguf} == gguf
+    layer = 576 * 576 * 2 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    assert shape_of(config).params == 49152 * 576 + 30 * layer + 576 == 134_515_008
+    assert len(tok) == config.vocab_size and tok.eos_token == "<|im_end|>" and tok.chat_template
+    sft_config, _ = smollm2_sft_shape({"stop_at_pass1": 0.3})
+    assert sft_config.to_dict() == config.to_dict()
+    with pytest.raises(ValueError, match="unknown smollm2_135m argument"):
+        smollm2_shape({"dtyp": "float32"})
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     tiny_model_and_tokenizer(tmp_path / "model")
     run_dir = tmp_path / "run"
