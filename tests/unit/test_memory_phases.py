@@ -120,3 +120,15 @@ def test_credit_bench_runs_each_estimator_on_every_chain(tmp_path):
     train = estimate(compose([*base, "advantage=oar_g"]), validate(compose([*base, "advantage=oar_g"])),
                      shape_of(Qwen2Config(**QWEN)), 10, 10, 8)
     assert train.phases["advantage (oar_g)"] - STATE < phases["credit-bench oar_g"] - weights
+
+
+def test_credit_bench_dry_run_prints_its_phases(tmp_path, capsys, monkeypatch):
+    """`creditlab credit-bench --dry-run`: the bench's phases without loading the model or writing a report."""
+    tiny_model_and_tokenizer(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    main(["credit-bench", "--dry-run", "--prompts", "3", "--estimators", "oar_g,grpo", "--selectors", "random",
+          f"model.name_or_path={tmp_path / 'model'}", "rollout.group_size=4"])
+    out = capsys.readouterr().out
+    assert "3 prompts x 4 chains" in out and "credit-bench truth" in out and "credit-bench oar_g" in out
+    assert "credit-bench grpo" not in out and "an upper bound" in out
+    assert not (tmp_path / "credit-bench").exists()  # the default --out, in the working folder
