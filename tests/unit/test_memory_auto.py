@@ -139,3 +139,11 @@ def test_every_preset_plans_to_fit_or_says_why_not(preset, no_hub):  # noqa: F81
             assert bigger.phases["update"] > usable(gib * GIB) and "largest budget" in how
         else:
             assert "whole mini-batch fits" in how
+
+
+def test_cpu_ranks_share_the_ram(tmp_path):
+    """trainer=ddp (2 CPU ranks): each rank plans for half of the RAM."""
+    Qwen2Config(**QWEN).save_pretrained(tmp_path)
+    cfg = compose([f"model.name_or_path={tmp_path}", "trainer=ddp", "eval.every=0"])
+    plan, _, _ = sized_plan(cfg, validate(cfg), shape_of(Qwen2Config(**QWEN)), 10, 10, 8, (24 * GIB, "mock"))
+    assert plan.facts["memory"].startswith("12.0 GiB (mock, shared by 2 ranks), 8.8 GiB usable")

@@ -40,9 +40,10 @@ layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one updat
 
 Peak = the largest phase: update (weights, gradients, optimizer, activations, vocabulary tensors),
 generation and evaluation (weights, optimizer, KV cache, decoding tensors), the estimator's
-(weights, optimizer, its tensors) or checkpoint (weights, optimizer, buffer). The update's sum is an upper bound: gradients grow while activations are
-freed. Not counted: the runtime (Python, torch, a CUDA context), the data, the fused decoder's
-weight copies (at most ``backend.fused_copy_budget_mb``).
+(weights, optimizer, its tensors) or checkpoint (weights, optimizer, buffer). The update's sum is
+an upper bound: gradients grow while activations are freed. Not counted: the runtime (Python,
+torch, a CUDA context), the data, the fused decoder's weight copies (at most
+``backend.fused_copy_budget_mb``).
 
 ``loss.micro_batch_tokens=auto`` (the default) is resolved from this plan and the memory ``M``
 there is (:func:`available_memory`: the CPU's RAM, the smaller of the machine's and its cgroup's
@@ -50,7 +51,8 @@ limit; a CUDA device's free memory before the model moves there): usable ``U = 0
 (the runtime, allocator slack). When the update of the whole mini-batch fits in ``U``, auto is 0
 (no budget: the very update a run without one does). Otherwise it is the largest multiple of 256
 tokens, at least one longest row, whose update fits; when not even one row fits, the smallest such
-budget, and the plan says what does not fit.
+budget, and the plan says what does not fit. Ranks on the CPU share its RAM: each plans for its
+share.
 """
 
 from __future__ import annotations
@@ -71,8 +73,9 @@ from creditlab.run.models import DTYPES
 from creditlab.step.fused_head import DEFAULT_TOKEN_CHUNK
 from creditlab.step.token_logprobs import FUSED_MIN_VOCAB
 
-__all__ = ["GIB", "PHASE_PARTS", "Plan", "Shape", "available_memory", "bench_phases", "estimate", "load_shape",
-           "lora_linears", "plan_run", "prompt_tokens", "resolve_token_budget", "shape_of"]
+__all__ = ["GIB", "PHASE_PARTS", "Plan", "Shape", "auto_token_budget", "available_memory", "bench_phases", "bench_plan",
+           "estimate", "load_shape", "lora_linears", "plan_run", "prompt_tokens", "resolve_token_budget", "shape_of",
+           "sized_plan", "usable"]
 
 #: The components each phase holds at once (``evaluation``: those of ``generation``, for its rows;
 #: ``advantage``: the estimator's own components, :mod:`creditlab.run.memory_phases`).
@@ -217,7 +220,10 @@ def sized_plan(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: i
     """``(plan, loss.micro_batch_tokens, how it was set)``: :func:`estimate` at the configured
     budget, or at ``auto``'s (:func:`resolve_token_budget`) for ``memory`` (``(bytes, what)``;
     ``None``: unknown here, planned as 0), with notes on what does not fit ``memory``."""
-    loss, model = checked["loss"], checked["model"]
+    loss, model, launch = checked["loss"], checked["model"], checked.get("launch")
+    cpu = OmegaConf.select(cfg, "trainer.accelerator", default="cpu") == "cpu"
+    if memory is not None and cpu and launch is not None and launch.devices > 1:  # ranks share the RAM
+        memory = (memory[0] // launch.devices, f"{memory[1]}, shared by {launch.devices} ranks")
 
     def at(budget: int) -> Plan:
         return estimate(cfg, checked, shape, prompt, eval_prompt, eval_count, budget)
