@@ -91,7 +91,9 @@ def test_auto_at_run_start_records_what_it_chose(monkeypatch):
     task = checked["task"][0](checked["task"][1])
     train, test = list(task.load("train")), list(task.load("test"))
     monkeypatch.setattr(memory, "available_memory", lambda accelerator: (24 * GIB, "mock RAM"))
+    rng = torch.get_rng_state()
     budget, record = auto_token_budget(cfg, checked, model.config, tok, train, test)
+    assert torch.equal(torch.get_rng_state(), rng)  # the run draws what it drew before auto existed
     assert budget == 0 and record["resolved"] == 0 and record["configured"] == "auto"
     assert record["memory_gib"] == 24 and record["does_not_fit"] == [] and "whole mini-batch fits" in record["how"]
     # too little memory for the whole mini-batch: a budget that is a multiple of 256

@@ -50,9 +50,10 @@ class Shape:
 
 
 def shape_of(config: Any, trust_remote_code: bool = False) -> Shape:
-    """The :class:`Shape` of a ``transformers`` config: the model built on the ``meta`` device."""
+    """The :class:`Shape` of a ``transformers`` config: the model built on the ``meta`` device (the
+    random number generators untouched: at run start, the run draws what it drew without it)."""
     text = config.get_text_config()
-    with torch.device("meta"):
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     head = model.get_output_embeddings()
     linears = tuple((n, m.in_features, m.out_features) for n, m in model.named_modules()
