@@ -132,3 +132,23 @@ def test_credit_bench_dry_run_prints_its_phases(tmp_path, capsys, monkeypatch):
     assert "3 prompts x 4 chains" in out and "credit-bench truth" in out and "credit-bench oar_g" in out
     assert "credit-bench grpo" not in out and "an upper bound" in out
     assert not (tmp_path / "credit-bench").exists()  # the default --out, in the working folder
+
+
+def test_a_plugins_estimator_states_its_memory_or_is_named_as_not_modeled(tmp_path):
+    """A plug-in estimator registers ``(config, step) -> {component: bytes}`` in group
+    ``creditlab.advantage_memory``; without it the plan says it is not modeled."""
+    from creditlab.registry import REGISTRIES
+    from creditlab.run.memory_phases import estimator_parts
+    from creditlab_grpo.advantage import GRPOAdvantage
+
+    dims = _plan(tmp_path).dims
+    REGISTRIES["advantage"].register("probe_everything")(GRPOAdvantage)
+    try:
+        assert estimator_parts("probe_everything", None, dims) is None
+        REGISTRIES["advantage_memory"].register("probe_everything")(
+            lambda config, step: {"advantage kv cache": step.rows * (step.prompt + step.T) * step.kv})
+        assert estimator_parts("probe_everything", None, dims) == {"advantage kv cache": 8 * 18 * KV}
+    finally:
+        REGISTRIES["advantage"].unregister("probe_everything")
+        REGISTRIES["advantage_memory"].unregister("probe_everything")
+    assert estimator_parts("grpo", None, dims) == {}  # a built-in without an entry: nothing beyond the batch

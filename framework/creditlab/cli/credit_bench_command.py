@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.progress import Progress
 
 from creditlab.cli.overrides import explain
 from creditlab.errors import ArgumentParser, ConfigError, RegistryError, exit_with
+from creditlab.registry import REGISTRIES
+from creditlab.run.memory import GIB, available_memory, bench_plan, load_shape, prompt_tokens, usable
 
 
 def credit_bench(argv: list[str]) -> None:
@@ -62,9 +65,6 @@ def credit_bench(argv: list[str]) -> None:
 def dry_run(bench: Any) -> None:
     """Print the bench's phases (:func:`creditlab.run.memory.bench_plan`): its truth's
     continuations and each estimator on every chain at once, beside the weights; no model loads."""
-    from creditlab.registry import REGISTRIES
-    from creditlab.run.memory import GIB, available_memory, bench_plan, load_shape, prompt_tokens, usable
-
     checked = bench.checked
     shape, tokenizer, source = load_shape(checked["model"])
     prompt, how = prompt_tokens(bench.problems, tokenizer, checked["rollout"].chat_template)
@@ -77,8 +77,6 @@ def dry_run(bench: Any) -> None:
     rollout = checked["rollout"]
     print(f"creditlab credit-bench --dry-run: {len(bench.problems)} prompts x {rollout.group_size} chains, "
           f"prompt <= {prompt} {how}, response <= {rollout.response_budget} tokens; shape: {source}")
-    from omegaconf import OmegaConf
-
     memory = available_memory(str(OmegaConf.select(bench.cfg, "trainer.accelerator", default="cpu")))
     for phase, value in sorted(phases.items(), key=lambda kv: -kv[1]):
         over = memory is not None and value > usable(memory[0])

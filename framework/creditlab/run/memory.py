@@ -35,8 +35,8 @@ layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one updat
 * checkpoint: Lightning serializes the trained weights and the optimizer state into memory before
   writing them, ``(1 + k) · P_t · w_t`` (host memory; frozen weights are left out).
 
-* an estimator's own tensors while it estimates (OAR-P/G, RREDCoT, MC values; credit-bench):
-  :mod:`creditlab.run.memory_phases`.
+* an advantage estimator's own tensors while it estimates, as its plug-in states them, and
+  credit-bench's phases: :mod:`creditlab.run.memory_phases`.
 
 Peak = the largest phase: update (weights, gradients, optimizer, activations, vocabulary tensors),
 generation and evaluation (weights, optimizer, KV cache, decoding tensors), the estimator's

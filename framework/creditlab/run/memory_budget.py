@@ -89,8 +89,8 @@ def fit_notes(plan: Any, memory: int, what: str, lora: bool, checkpointing: bool
                    f"takes {held / GIB:.1f} GiB: " + ("" if lora else "train LoRA adapters (model.lora.enabled=true), ")
                    + "shard it over more devices (trainer=fsdp or deepspeed), or use a device with more memory")
         elif phase.startswith("advantage"):
-            fix = ("an upper bound (every response at its budget, every state and answer distinct); lower "
-                   "advantage.chunk_size (OAR-P/G), advantage.max_rows (RREDCoT) or loss.micro_batch_size")
+            fix = ("an upper bound (every response at its budget, every state and answer distinct); lower the "
+                   "estimator's rows per call (advantage.chunk_size, advantage.max_rows) or loss.micro_batch_size")
         else:
             fix = fixes.get(phase, "lower the batch")
         out.append(f"does not fit: {phase} needs {need / GIB:.1f} GiB, {room / GIB:.1f} GiB usable of "
