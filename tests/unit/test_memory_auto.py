@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from creditlab.run import memory, memory_budget
+from creditlab.run.memory_budget import BATCH_SHARE, batch_bytes
 from creditlab.run.compose import CONF_DIR, compose
 from creditlab.run.config import validate
 from creditlab.run.memory import (
@@ -34,6 +35,7 @@ class _Update:
 
     def __init__(self, budget):
         rows = 128 if not budget else min(128, budget // 100)
+        self.parts = {"activations": rows * 100 * MIB, "logits": 0}
         self.phases = {"update": 10 * GIB + rows * 100 * MIB}
 
 
@@ -46,6 +48,10 @@ def test_budget_search_by_hand():
     # 10.05 GiB: not one row (100 MiB) fits: the smallest budget, one row, said so
     budget, why = resolve_token_budget(_Update, 100, 128 * 100, 10 * GIB + 50 * MIB)
     assert budget == 256 and "not even one row" in why
+    # the whole mini-batch fits, but its 12,800 MiB of micro-batch tensors exceed a 3 GiB share:
+    # 3,072 MiB hold 30 rows of 100 (3,072 // 100 = 30; 3,328 // 100 = 33 rows too many)
+    budget, why = resolve_token_budget(_Update, 100, 128 * 100, 23 * GIB, 3 * GIB)
+    assert budget == 3072 and "would fit, at no gain in speed" in why
 
 
 def test_auto_budget_on_a_real_plan(tmp_path):
@@ -136,9 +142,11 @@ def test_every_preset_plans_to_fit_or_says_why_not(preset, no_hub):  # noqa: F81
             assert "update" in misfits[0] and "model.lora.enabled=true" in misfits[0]
             continue
         assert not misfits and plan.peak[1] <= usable(gib * GIB), (preset, machine, plan.notes)
-        if budget:  # the largest: 256 tokens more would not fit
+        if budget:  # the largest: 256 tokens more would not fit, or hold more than its share
             bigger = estimate(cfg, checked, shape, prompt, eval_prompt, len(test), budget + 256)
-            assert bigger.phases["update"] > usable(gib * GIB) and "largest budget" in how
+            assert (bigger.phases["update"] > usable(gib * GIB)
+                    or batch_bytes(bigger) > gib * GIB * BATCH_SHARE) and "largest budget" in how
+            assert batch_bytes(plan) <= gib * GIB * BATCH_SHARE
         else:
             assert "whole mini-batch fits" in how
 

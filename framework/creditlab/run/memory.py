@@ -48,10 +48,11 @@ torch, a CUDA context), the data, the fused decoder's weight copies (at most
 ``loss.micro_batch_tokens=auto`` (the default) is resolved from this plan and the memory ``M``
 there is (:func:`available_memory`: the CPU's RAM, the smaller of the machine's and its cgroup's
 limit; a CUDA device's free memory before the model moves there): usable ``U = 0.9 · M - 2 GiB``
-(the runtime, allocator slack). When the update of the whole mini-batch fits in ``U``, auto is 0
-(no budget: the very update a run without one does). Otherwise it is the largest multiple of 256
-tokens, at least one longest row, whose update fits; when not even one row fits, the smallest such
-budget, and the plan says what does not fit. Ranks on the CPU share its RAM: each plans for its
+(the runtime, allocator slack), and a micro-batch's own tensors (activations and vocabulary
+tensors) may take ``M / 8`` (``BATCH_SHARE``: more buys no speed). When the update of the whole
+mini-batch fits both, auto is 0 (no budget: the very update a run without one does; the tiny
+demo). Otherwise it is the largest multiple of 256 tokens, at least one longest row, for which both
+hold; when not even one row fits, the smallest such budget, and the plan says what does not fit. Ranks on the CPU share its RAM: each plans for its
 share.
 """
 
@@ -65,7 +66,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from creditlab.errors import ConfigError
 from creditlab.run.memory_budget import (
-    GIB, MARGIN_BYTES, MARGIN_FRACTION, available_memory, fit_notes, resolve_token_budget, usable,
+    BATCH_SHARE, GIB, MARGIN_BYTES, MARGIN_FRACTION, available_memory, fit_notes, resolve_token_budget, usable,
 )
 from creditlab.run.memory_phases import StepDims, bench_phases, estimator_parts, segments_bound
 from creditlab.run.memory_shape import Shape, load_shape, lora_linears, prompt_tokens, shape_of
@@ -236,7 +237,8 @@ def sized_plan(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: i
     else:
         rows = at(0).facts["rows per step, this rank"]
         row = prompt + checked["rollout"].response_budget
-        budget, why = resolve_token_budget(at, row, math.ceil(rows / loss.updates_per_batch) * row, usable(memory[0]))
+        budget, why = resolve_token_budget(at, row, math.ceil(rows / loss.updates_per_batch) * row, usable(memory[0]),
+                                           memory[0] * BATCH_SHARE)
         how = f"auto: {why}"
     plan = at(budget)
     if memory is not None:
