@@ -232,12 +232,15 @@ def build_part(kind: str, options: Mapping[str, Any], **kwargs: Any) -> Part:
 
 #: One registry per kind of part, plus model recipes (callables returning a local model path) and
 #: their shapes (callables ``recipe_args -> (transformers config, tokenizer or None)`` that build
-#: no weights, registered under the recipe's name; read by :mod:`creditlab.run.memory`).
+#: no weights, registered under the recipe's name; read by :mod:`creditlab.run.memory`), and what
+#: an advantage estimator holds while it estimates (callables ``(config, step) -> {component:
+#: bytes}`` under the estimator's name; read by :mod:`creditlab.run.memory_phases`).
 REGISTRIES: dict[str, Registry[Any]] = {
     kind: Registry(kind, f"creditlab.{kind}", base) for kind, base in INTERFACES.items()
 }
 REGISTRIES["model_recipe"] = Registry("model_recipe", "creditlab.model_recipe")
 REGISTRIES["model_recipe_config"] = Registry("model_recipe_config", "creditlab.model_recipe_config")
+REGISTRIES["advantage_memory"] = Registry("advantage_memory", "creditlab.advantage_memory")
 
 
 def registry(kind: str) -> Registry[Any]:

@@ -114,6 +114,116 @@ def test_recipe_shape_equals_the_built_checkpoint(tmp_path, monkeypatch):
     assert len(tok) == config.vocab_size
 
 
+def test_smollm2_shape_equals_the_gguf_files_config(tmp_path, monkeypatch):
+    """smollm2_135m's registered config is the one the conversion builds: transformers' reading of
+    the GGUF metadata (the recipe saves exactly that config; converting takes 20-40 s and 540 MB,
+    so the metadata stands for it). 134,515,008 parameters: 49,152 x 576 tied embeddings + 30
+    layers of q 576², k and v 576 x 192, o 576², MLP 3 x 576 x 1536, two norms 2 x 576 + the final norm."""
+    pytest.importorskip("gguf")
+    from creditlab_smollm2 import convert
+    from creditlab_smollm2.shape import smollm2_sft_shape, smollm2_shape
+
+    try:
+        source = convert.gguf_path()
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("CREDITLAB_CACHE", str(tmp_path))  # no converted checkpoint: the GGUF tokenizer
+    config, tok = smollm2_shape({})
+    gguf = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name).to_dict()
+    for key in ("_name_or_path", "_model_name_or_path", "architectures", "dtype", "transformers_version"):
+        gguf.pop(key, None)
+    assert {k: v for k, v in config.to_dict().items() if k in gguf} == gguf
+    layer = 576 * 576 * 2 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    assert shape_of(config).params == 49152 * 576 + 30 * layer + 576 == 134_515_008
+    assert len(tok) == config.vocab_size and tok.eos_token == "<|im_end|>" and tok.chat_template
+    sft_config, _ = smollm2_sft_shape({"stop_at_pass1": 0.3})
+    assert sft_config.to_dict() == config.to_dict()
+    with pytest.raises(ValueError, match="unknown smollm2_135m argument"):
+        smollm2_shape({"dtyp": "float32"})
+
+
+def _qwen2_params(H, I, n, kv, hd, V, tied):
+    """Qwen2 by hand: q (with bias) and o H², k and v H x kv·hd (with bias), MLP 3HI, two norms."""
+    layer = 2 * H * H + H + 2 * (H * kv * hd + kv * hd) + 3 * H * I + 2 * H
+    return n * layer + V * H * (1 if tied else 2) + H
+
+
+#: The hub presets' models by hand, and the sizes their model cards state (0.49B, 7.61B, 14.7B).
+HUB = {
+    "qwen2.5-0.5b-instruct": (_qwen2_params(896, 4864, 24, 2, 64, 151936, True), 494_032_768),
+    "qwen2.5-7b-instruct": (_qwen2_params(3584, 18944, 28, 4, 128, 152064, False), 7_615_616_512),
+    "qwen2.5-14b-instruct": (_qwen2_params(5120, 13824, 48, 8, 128, 152064, False), 14_770_033_664),
+    # OLMo 3: q, k, v, o 4096² (32 KV heads), MLP 3 x 4096 x 11008, q/k norms and two post-norms
+    # of 4096 per layer, an untied head, the final norm
+    "olmo-3-7b-instruct": (32 * (4 * 4096**2 + 3 * 4096 * 11008 + 4 * 4096) + 2 * 100278 * 4096 + 4096,
+                           7_298_011_136),
+}
+
+
+@pytest.fixture
+def no_hub(monkeypatch):
+    """A machine that reaches no hub and has nothing cached: every AutoConfig / AutoTokenizer read
+    of memory_shape fails as it does offline."""
+    from creditlab.run import memory_shape
+
+    class Offline:
+        for_model = staticmethod(AutoConfig.for_model)
+
+        @staticmethod
+        def from_pretrained(path, **kw):
+            raise OSError(f"We couldn't connect to 'https://huggingface.co' to load {path} (offline)")
+
+    monkeypatch.setattr(memory_shape, "AutoConfig", Offline)
+    monkeypatch.setattr(memory_shape, "AutoTokenizer", Offline)
+
+
+@pytest.mark.parametrize("preset", sorted(HUB))
+def test_hub_presets_plan_offline_from_their_shipped_config(preset, no_hub):
+    """Each hub preset's shape comes from its shipped config when the hub is out of reach: the
+    parameters counted by hand, equal to its model card's; no tokenizer (prompts in characters)."""
+    from creditlab.run.memory_shape import load_shape
+
+    checked = validate(compose([f"model={preset}"]))
+    shape, tokenizer, source = load_shape(checked["model"])
+    by_hand, card = HUB[preset]
+    assert shape.params == by_hand == card
+    assert tokenizer is None and "shipped with creditlab" in source and "--" in source
+    assert shape.fusable_head  # Qwen2 and OLMo 3 heads go through the fused path
+
+
+def test_a_hub_id_without_a_shipped_config_names_the_fix(no_hub):
+    from creditlab.run.memory_shape import load_shape
+
+    checked = validate(compose(["model=qwen2.5-0.5b-instruct", "model.name_or_path=someone/Unknown-1B"]))
+    with pytest.raises(ConfigError, match="cannot read the config of model.name_or_path=someone/Unknown-1B.*"
+                                          "configs ship for the presets' hub models only .*Qwen/Qwen2.5-0.5B-Instruct"):
+        load_shape(checked["model"])
+
+
+def test_dry_run_of_a_hub_preset_works_offline(tmp_path):
+    """`creditlab train model=qwen2.5-0.5b-instruct --dry-run` on a machine with an empty hub cache
+    and HF_HUB_OFFLINE=1: the shipped shape, prompts in characters, both said plainly."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "COLUMNS": "200"}
+    done = subprocess.run([sys.executable, "-m", "creditlab.cli", "train", "--dry-run", "model=qwen2.5-0.5b-instruct",
+                           "--memory-gib", "24"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "model_configs/Qwen--Qwen2.5-0.5B-Instruct.json" in out and "494,032,768" in out
+    assert "characters (no tokenizer)" in out and "a chat template's own tokens are not counted" in out
+    assert "loss.micro_batch_tokens" in out and "24.0 GiB (--memory-gib)" in out and "peak:" in out
+
+
+def test_dry_run_of_a_smollm2_recipe_works_offline(tmp_path):
+    """model=smollm2_135m_arith: the warm start's shape is its base's, registered; nothing built."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CREDITLAB_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "creditlab.cli", "train", "--dry-run", "model=smollm2_135m_arith"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "recipe smollm2_135m_sft" in out and "134,515,008" in out and "peak:" in out
+    assert not (tmp_path / "cache" / "models").exists()
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     tiny_model_and_tokenizer(tmp_path / "model")
     run_dir = tmp_path / "run"

@@ -46,9 +46,13 @@ def test_pack_rows_by_hand():
 
 
 def test_loss_config_micro_batch_tokens():
-    assert LossConfig().micro_batch_tokens == 0
-    with pytest.raises(ConfigError, match="micro_batch_tokens must be an integer >= 0"):
-        LossConfig(micro_batch_tokens=-1)
+    """``auto`` is the default (the runner sizes it); unresolved it packs as 0, no budget."""
+    assert LossConfig().micro_batch_tokens == "auto" and LossConfig().token_budget == 0
+    assert LossConfig(micro_batch_tokens=2048).token_budget == 2048 and LossConfig(micro_batch_tokens=0).token_budget == 0
+    for bad in (-1, "8k", True, 2.5):
+        with pytest.raises(ConfigError, match="micro_batch_tokens must be auto .sized from the memory plan. or an "
+                                              "integer >= 0 .0 = no token budget."):
+            LossConfig(micro_batch_tokens=bad)
 
 
 def _module(micro_rows=0, micro_tokens=0, fused="auto"):

@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"creditlab: unknown command '{argv[0]}'." + (f" Did you mean '{hint}'?" if hint else ""), file=sys.stderr)
         print("usage: creditlab {train,plugins,compare,credit-bench} [args]\n"
               "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
-              "  train --dry-run [key=value ...]   the resolved parts and a memory estimate, no run\n"
+              "  train --dry-run [key=value ...] [--memory-gib M]   the resolved parts and a memory estimate, no run\n"
               "  plugins                      list registered parts\n"
               "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs\n"
-              "  credit-bench [key=value ...] [--k 32]   score estimators against Monte-Carlo truth", file=sys.stderr)
+              "  credit-bench [key=value ...] [--k 32] [--dry-run]   score estimators against Monte-Carlo truth", file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     COMMANDS[argv[0]](argv[1:])

@@ -4,12 +4,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.progress import Progress
 
 from creditlab.cli.overrides import explain
 from creditlab.errors import ArgumentParser, ConfigError, RegistryError, exit_with
+from creditlab.registry import REGISTRIES
+from creditlab.run.memory import GIB, available_memory, bench_plan, load_shape, prompt_tokens, usable
 
 
 def credit_bench(argv: list[str]) -> None:
@@ -30,6 +35,8 @@ def credit_bench(argv: list[str]) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000, help="prompt resamples for intervals (default: 1000)")
     parser.add_argument("--rank-by", default="error/mean", help="score/reduction to rank by (default: error/mean, the scale-matched error)")
     parser.add_argument("--out", default="credit-bench", help="report folder (default: ./credit-bench)")
+    parser.add_argument("--dry-run", action="store_true", help="print the memory the bench will hold, per phase, "
+                        "without loading the model (docs/gpu.md: Memory before the model loads)")
     args, overrides = parser.parse_known_args(argv)
     if unknown := [o for o in overrides if o.startswith("-")]:
         exit_with(f"unknown option {unknown[0]}; see creditlab credit-bench --help")
@@ -42,6 +49,8 @@ def credit_bench(argv: list[str]) -> None:
                              args.sign_threshold, args.min_reliability, args.bootstrap, args.rank_by)
     try:
         bench = Bench(overrides, settings)
+        if args.dry_run:
+            return dry_run(bench)
         with Progress(transient=True) as bar:
             task = bar.add_task("Monte-Carlo continuations", total=None)
             result = bench.run(lambda done, total: bar.update(task, completed=done, total=total))
@@ -51,3 +60,30 @@ def credit_bench(argv: list[str]) -> None:
         exit_with(str(exc))
     result.settings["command"] = "creditlab credit-bench " + " ".join(argv)
     print_table(result, paths=write_report(result, args.out))
+
+
+def dry_run(bench: Any) -> None:
+    """Print the bench's phases (:func:`creditlab.run.memory.bench_plan`): its truth's
+    continuations and each estimator on every chain at once, beside the weights; no model loads."""
+    checked = bench.checked
+    shape, tokenizer, source = load_shape(checked["model"])
+    prompt, how = prompt_tokens(bench.problems, tokenizer, checked["rollout"].chat_template)
+    names = {e.target: e.name for e in REGISTRIES["segmenter"]}
+    estimators = {}
+    for name, sections in bench.estimators.items():
+        (_, est_cfg), (seg_cls, seg_cfg) = sections["advantage"], sections["segmenter"]
+        estimators[name] = (est_cfg, names.get(f"{seg_cls.__module__}:{seg_cls.__qualname__}", ""), seg_cfg)
+    phases, notes = bench_plan(bench.cfg, checked, shape, prompt, len(bench.problems), estimators)
+    rollout = checked["rollout"]
+    print(f"creditlab credit-bench --dry-run: {len(bench.problems)} prompts x {rollout.group_size} chains, "
+          f"prompt <= {prompt} {how}, response <= {rollout.response_budget} tokens; shape: {source}")
+    memory = available_memory(str(OmegaConf.select(bench.cfg, "trainer.accelerator", default="cpu")))
+    for phase, value in sorted(phases.items(), key=lambda kv: -kv[1]):
+        over = memory is not None and value > usable(memory[0])
+        print(f"  {phase:<34} {value / GIB:9.3f} GiB" + ("  (does not fit this machine)" if over else ""))
+    for note in notes:
+        print(f"note: {note}")
+    print(f"note: an upper bound: every chain and continuation at its response budget ({rollout.response_budget} "
+          "tokens), every state and answer distinct; real chains are usually much shorter")
+    if memory is not None:
+        print(f"memory: {memory[0] / GIB:.1f} GiB ({memory[1]}), {usable(memory[0]) / GIB:.1f} GiB usable")

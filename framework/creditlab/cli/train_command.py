@@ -15,7 +15,7 @@ from creditlab.cli.overrides import check
 from creditlab.errors import ConfigError, RegistryError, exit_with
 from creditlab.run.compose import searchpath_override, split_searchpath
 from creditlab.run.config import validate
-from creditlab.run.memory import GIB, PHASE_PARTS, plan_run
+from creditlab.run.memory import GIB, plan_run
 from creditlab.run.rundir_guard import RunDirError, check_run_dir
 
 HYDRA_FLAGS_WITH_VALUE = {
@@ -25,11 +25,13 @@ HYDRA_FLAGS_WITH_VALUE = {
 INFO_VALUES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 
 
-def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
-    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.run.memory`); no model
-    is loaded and nothing is written."""
+def dry_run(cfg: Any, prompt_tokens: int | None, memory_gib: float | None = None) -> None:
+    """Print what ``cfg`` resolves to and its memory estimate (:mod:`creditlab.run.memory`), with
+    ``loss.micro_batch_tokens=auto`` sized for ``memory_gib`` (else this machine's memory for the
+    config's accelerator); no model is loaded and nothing is written."""
+    memory = None if memory_gib is None else (int(memory_gib * GIB), "--memory-gib")
     try:
-        plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens)
+        plan, resolved = plan_run(cfg, validate(cfg), prompt_tokens, memory)
     except (ConfigError, RegistryError) as exc:
         exit_with(str(exc))
     console = Console(width=120)
@@ -40,7 +42,7 @@ def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
     for col in ("component", "GiB", "counted in"):
         table.add_column(col, justify="right" if col == "GiB" else "left")
     for name, value in plan.parts.items():
-        phases = [p for p, parts in PHASE_PARTS.items() if name in parts and p in plan.phases]
+        phases = [p for p, parts in plan.phase_parts.items() if name in parts and p in plan.phases]
         table.add_row(name, f"{value / GIB:.3f}", ", ".join(phases) or "host memory (see the note)")
     for name, value in plan.phases.items():
         table.add_row(f"[bold]{name}[/bold]", f"[bold]{value / GIB:.3f}[/bold]", "phase total")
@@ -54,15 +56,23 @@ def dry_run(cfg: Any, prompt_tokens: int | None) -> None:
 
 def train(argv: list[str]) -> None:
     """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``); with
-    ``--dry-run [--prompt-tokens N]``, print the resolved parts and the memory estimate instead."""
+    ``--dry-run [--prompt-tokens N] [--memory-gib M]``, print the resolved parts and the memory
+    estimate instead."""
     dry = "--dry-run" in argv
-    tokens = None
+    tokens, memory = None, None
     if "--prompt-tokens" in argv:
         i = argv.index("--prompt-tokens")
         value = argv[i + 1] if i + 1 < len(argv) else ""
         if not dry or not value.isdigit():
             exit_with("--prompt-tokens N (the longest prompt in tokens, an integer) goes with --dry-run")
         tokens, argv = int(value), argv[:i] + argv[i + 2 :]
+    if "--memory-gib" in argv:
+        i = argv.index("--memory-gib")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if not dry or not value.replace(".", "", 1).isdigit() or not float(value) > 0:
+            exit_with("--memory-gib M (the device's memory in GiB that auto sizes for, a number > 0, e.g. 24) "
+                      "goes with --dry-run")
+        memory, argv = float(value), argv[:i] + argv[i + 2 :]
     argv = [a for a in argv if a != "--dry-run"]
     overrides, skip, first = [], False, None
     for i, arg in enumerate(argv):
@@ -77,7 +87,7 @@ def train(argv: list[str]) -> None:
     if not any(a in ("--help", "-h", "--cfg", "-c", "--info", "-i", "--hydra-help") for a in argv):
         cfg = check(overrides, machine=not dry)  # a dry run may plan for another machine
         if dry:  # the first combination of a sweep
-            return dry_run(cfg, tokens)
+            return dry_run(cfg, tokens, memory)
         if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
             try:
                 check_run_dir(cfg.run_dir)

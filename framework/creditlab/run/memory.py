@@ -1,9 +1,9 @@
 """Memory before the model loads: a configured run's peak memory per device, estimated from the
 model's config alone (``creditlab train --dry-run``; docs/gpu.md, "Memory before the model loads").
 
-The shape comes from ``config.json`` (``AutoConfig``; a recipe model from its
-``creditlab.model_recipe_config`` entry point), parameter and layer shapes from the model built on
-torch's ``meta`` device (no weights). ``P`` parameters, ``P_t`` trained ones (LoRA: the adapters,
+The shape comes from the model's config (:mod:`creditlab.run.memory_shape`: ``config.json``, a
+recipe's ``creditlab.model_recipe_config`` entry point, or a config shipped for a preset's hub
+model), parameter and layer shapes from the model built on torch's ``meta`` device (no weights). ``P`` parameters, ``P_t`` trained ones (LoRA: the adapters,
 ``r · (in + out)`` per adapted linear), ``w`` bytes per weight, ``a`` per activation, ``n``
 layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one update micro-batch,
 ``T`` response tokens (``loss.micro_batch_tokens`` caps ``b`` at ``budget // (prompt + T)``). Bytes:
@@ -35,33 +35,51 @@ layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one updat
 * checkpoint: Lightning serializes the trained weights and the optimizer state into memory before
   writing them, ``(1 + k) · P_t · w_t`` (host memory; frozen weights are left out).
 
+* an advantage estimator's own tensors while it estimates, as its plug-in states them, and
+  credit-bench's phases: :mod:`creditlab.run.memory_phases`.
+
 Peak = the largest phase: update (weights, gradients, optimizer, activations, vocabulary tensors),
-generation and evaluation (weights, optimizer, KV cache, decoding tensors) or checkpoint (weights,
-optimizer, buffer). The update's sum is an upper bound: gradients grow while activations are
-freed. Not counted: the runtime (Python, torch, a CUDA context), the data, the fused decoder's
-weight copies (at most ``backend.fused_copy_budget_mb``).
+generation and evaluation (weights, optimizer, KV cache, decoding tensors), the estimator's
+(weights, optimizer, its tensors) or checkpoint (weights, optimizer, buffer). The update's sum is
+an upper bound: gradients grow while activations are freed. Not counted: the runtime (Python,
+torch, a CUDA context), the data, the fused decoder's weight copies (at most
+``backend.fused_copy_budget_mb``).
+
+``loss.micro_batch_tokens=auto`` (the default) is resolved from this plan and the memory ``M``
+there is (:func:`available_memory`: the CPU's RAM, the smaller of the machine's and its cgroup's
+limit; a CUDA device's free memory before the model moves there): usable ``U = 0.9 · M - 2 GiB``
+(the runtime, allocator slack), and a micro-batch's own tensors (activations and vocabulary
+tensors) may take ``M / 8`` (``BATCH_SHARE``: more buys no speed). When the update of the whole
+mini-batch fits both, auto is 0 (no budget: the very update a run without one does; the tiny
+demo). Otherwise it is the largest multiple of 256 tokens, at least one longest row, for which both
+hold; when not even one row fits, the smallest such budget, and the plan says what does not fit. Ranks on the CPU share its RAM: each plans for its
+share.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from creditlab.errors import ConfigError
-from creditlab.registry import registry
-from creditlab.run.models import DTYPES, ModelConfig
+from creditlab.run.memory_budget import (
+    BATCH_SHARE, GIB, MARGIN_BYTES, MARGIN_FRACTION, available_memory, fit_notes, resolve_token_budget, usable,
+)
+from creditlab.run.memory_phases import StepDims, bench_phases, estimator_parts, segments_bound
+from creditlab.run.memory_shape import Shape, load_shape, lora_linears, prompt_tokens, shape_of
+from creditlab.run.models import DTYPES
 from creditlab.step.fused_head import DEFAULT_TOKEN_CHUNK
-from creditlab.step.policy import encode_prompt
-from creditlab.step.token_logprobs import FUSED_MIN_VOCAB, fused_head_of
+from creditlab.step.token_logprobs import FUSED_MIN_VOCAB
 
-GIB = 2**30
-#: The components each phase holds at once (``evaluation``: those of ``generation``, for its rows).
+__all__ = ["GIB", "PHASE_PARTS", "Plan", "Shape", "auto_token_budget", "available_memory", "bench_phases", "bench_plan",
+           "estimate", "load_shape", "lora_linears", "plan_run", "prompt_tokens", "resolve_token_budget", "shape_of",
+           "sized_plan", "usable"]
+
+#: The components each phase holds at once (``evaluation``: those of ``generation``, for its rows;
+#: ``advantage``: the estimator's own components, :mod:`creditlab.run.memory_phases`).
 PHASE_PARTS = {
     "update": ("weights", "reference", "gradients", "optimizer", "autocast copies", "activations", "logits"),
     "generation": ("weights", "reference", "optimizer", "generation tensors", "kv cache"),
@@ -69,113 +87,6 @@ PHASE_PARTS = {
 }
 HALF_TRUE = ("bf16-true", "16-true")
 MIXED = ("bf16-mixed", "bf16", "16-mixed", "16", "transformer-engine", "transformer-engine-float16")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the estimate needs of a model, from its config (``linears``: ``(name, in, out)`` of
-    every linear layer but the output head, for LoRA)."""
-
-    params: int
-    layers: int
-    hidden: int
-    intermediate: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    linears: tuple[tuple[str, int, int], ...]
-    fusable_head: bool = False
-
-
-def shape_of(config: Any, trust_remote_code: bool = False) -> Shape:
-    """The :class:`Shape` of a ``transformers`` config: the model built on the ``meta`` device."""
-    text = config.get_text_config()
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    head = model.get_output_embeddings()
-    linears = tuple((n, m.in_features, m.out_features) for n, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear) and m is not head)
-    heads = text.num_attention_heads
-    return Shape(
-        params=sum(p.numel() for p in model.parameters()), layers=text.num_hidden_layers,
-        hidden=text.hidden_size, intermediate=getattr(text, "intermediate_size", 4 * text.hidden_size),
-        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, vocab=text.vocab_size,
-        linears=linears, fusable_head=fused_head_of(model, "on") is not None,
-    )
-
-
-def lora_linears(shape: Shape, targets: Any) -> list[tuple[str, int, int]]:
-    """The linear layers LoRA adapts: ``all-linear`` (every one but the output head, as peft) or
-    those whose name is a target or ends with ``.<target>``."""
-    if targets == "all-linear":
-        return list(shape.linears)
-    names = [targets] if isinstance(targets, str) else list(targets)
-    return [lin for lin in shape.linears if any(lin[0] == t or lin[0].endswith("." + t) for t in names)]
-
-
-def load_shape(model: ModelConfig) -> tuple[Shape, Any, str]:
-    """``(shape, tokenizer or None, where it came from)`` without loading weights or building a
-    recipe's checkpoint.
-
-    Raises:
-        ConfigError: No config to read: a folder without ``config.json``, a hub id this machine
-            cannot reach, or a recipe that registers no shape.
-    """
-    if not model.name_or_path:
-        shapes = registry("model_recipe_config")
-        if model.recipe not in shapes:
-            raise ConfigError(
-                f"model.recipe={model.recipe} builds its checkpoint when the run starts and registers no "
-                f"shape (entry-point group 'creditlab.model_recipe_config'), so its size is unknown before it "
-                f"is built: run it once, then pass the folder it printed as 'model:' as model.name_or_path."
-            )
-        try:
-            config, tokenizer = shapes.get(model.recipe)(dict(model.recipe_args))
-        except ValueError as exc:
-            raise ConfigError(f"model.recipe_args: {exc}") from exc
-        return shape_of(config), tokenizer, "its creditlab.model_recipe_config entry, nothing built"
-    path = model.name_or_path
-    local = Path(path).expanduser()
-    if local.is_dir() and not (local / "config.json").is_file():
-        have = ", ".join(sorted(p.name for p in local.iterdir())[:8]) or "nothing"
-        raise ConfigError(
-            f"model.name_or_path={path} is a folder without config.json (it holds: {have}). Point it at a "
-            f"folder written by save_pretrained (config.json, weights, tokenizer), or at a hub model id."
-        )
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"cannot read the config of model.name_or_path={path}: {str(exc).strip().rstrip('.')}. Pass a local folder holding "
-            f"config.json, or a hub id on a machine with network access (HF_HUB_OFFLINE unset)."
-        ) from exc
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
-    except (OSError, ValueError):
-        tokenizer = None
-    return shape_of(config, model.trust_remote_code), tokenizer, f"{path}/config.json"
-
-
-def prompt_tokens(problems: list[Any], tokenizer: Any, chat_template: Any) -> tuple[int, str]:
-    """``(tokens, how)`` of the longest prompt, encoded as rollouts encode it (the 500 longest by
-    characters); without a tokenizer its characters (an upper bound for byte-pair tokenizers).
-
-    Raises:
-        ConfigError: The tokenizer encodes every one of those prompts to no token (an empty or
-            unfitting tokenizer: every prompt would reach the model empty).
-    """
-    longest = sorted((p.prompt for p in problems), key=len, reverse=True)[:500]
-    if tokenizer is None or not longest:
-        return len(longest[0]) if longest else 0, "characters (no tokenizer)"
-    tokens = max(len(encode_prompt(tokenizer, t, chat_template)) for t in longest)
-    if tokens == 0 and longest[0]:
-        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-        raise ConfigError(
-            f"the tokenizer of {name} encodes every prompt to no token (e.g. {longest[0][:60]!r}): it is "
-            "empty or does not fit this text; give model.name_or_path a folder whose tokenizer encodes "
-            "the task's prompts, or pass --prompt-tokens N to plan without it")
-    return tokens, "tokens"
 
 
 def precision_bytes(precision: Any, dtype: str) -> tuple[int, int, bool]:
@@ -189,12 +100,15 @@ def precision_bytes(precision: Any, dtype: str) -> tuple[int, int, bool]:
 
 @dataclass
 class Plan:
-    """The estimate: bytes per component and phase, and what it assumed."""
+    """The estimate: bytes per component and phase, and what it assumed (``phase_parts``: the
+    components each phase holds; ``dims``: the step's numbers the estimator formulas read)."""
 
     parts: dict[str, float]
     phases: dict[str, float]
     facts: dict[str, Any]
     notes: list[str]
+    phase_parts: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(PHASE_PARTS))
+    dims: StepDims | None = field(default=None, repr=False)
 
     @property
     def peak(self) -> tuple[str, float]:
@@ -203,10 +117,12 @@ class Plan:
 
 
 def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int, eval_prompt: int,
-             eval_count: int) -> Plan:
+             eval_count: int, token_budget: int | None = None) -> Plan:
     """The memory plan of one rank of the run (the module docstring has every formula): ``cfg``
     composed, ``checked`` its :func:`~creditlab.run.config.validate` sections, ``prompt`` /
-    ``eval_prompt`` the longest prompt's tokens (train / test split), ``eval_count`` test problems."""
+    ``eval_prompt`` the longest prompt's tokens (train / test split), ``eval_count`` test problems,
+    ``token_budget`` the update's ``loss.micro_batch_tokens`` (None: the configured one, ``auto``
+    taken as 0)."""
     run, rollout, loss, model, ev = (checked[k] for k in ("run", "rollout", "loss", "model", "eval"))
     launch = checked.get("launch")
     world = launch.world_size if launch is not None else 1
@@ -221,11 +137,13 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     k += 1 if OmegaConf.select(cfg, "optim.amsgrad", default=False) else 0
     notes = [] if optim in ("Adam", "AdamW", "SGD") else [f"optimizer {optim}: state taken as AdamW's"]
 
+    if token_budget is None:
+        token_budget = 0 if loss.micro_batch_tokens == "auto" else loss.micro_batch_tokens
     rows = math.ceil(run.prompts_per_step / world) * rollout.group_size
     mini = math.ceil(rows / loss.updates_per_batch)
     b = min(loss.micro_batch_size, mini) if loss.micro_batch_size else mini
-    if loss.micro_batch_tokens:  # rows of the longest prompt and response under the token budget
-        b = max(1, min(b, loss.micro_batch_tokens // (prompt + rollout.response_budget)))
+    if token_budget:  # rows of the longest prompt and response under the token budget
+        b = max(1, min(b, token_budget // (prompt + rollout.response_budget)))
     T, H, I, n, V = rollout.response_budget, shape.hidden, shape.intermediate, shape.layers, shape.vocab
     norm = 14 * H if autocast else 4 * H + 2 * a * H
     layer = 2 * norm + 4 * a * H + 4 * a * I
@@ -254,20 +172,34 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     backend = OmegaConf.select(cfg, "backend.name", default="hf")
     max_rows = OmegaConf.select(cfg, "backend.max_batch_size", default=256) or 256
     kv_token = 2 * n * shape.kv_heads * shape.head_dim * w
+    truncates = rollout.top_p < 1 or rollout.top_k > 0
 
-    def generation(g_rows: int, context: int, sampled: bool) -> tuple[float, float]:
-        """(decoding and prefill tensors, KV cache) of ``g_rows`` rows."""
+    def generation(g_rows: int, context: int, sampled: bool = truncates) -> tuple[float, float]:
+        """(decoding and prefill tensors, KV cache) of ``g_rows`` rows (at most ``max_rows`` a batch)."""
         if backend == "vllm":
             return weights, float(OmegaConf.select(cfg, "backend.kv_cache_gib", default=1.0)) * GIB
+        g_rows = min(g_rows, max_rows)
         decode = g_rows * V * (a + 16 + (8 if sampled else 0))
         return decode + g_rows * context * (4 * H + 3 * I) * a, g_rows * (context + T) * kv_token
 
-    truncates = rollout.top_p < 1 or rollout.top_k > 0
     gen_rows = min(rows, max_rows)
-    parts["generation tensors"], parts["kv cache"] = generation(gen_rows, prompt, truncates)
+    parts["generation tensors"], parts["kv cache"] = generation(gen_rows, prompt)
     parts["checkpoint buffer"] = (1 + k) * trained * w_t  # Lightning serializes into memory first
     eval_rows = min(ev.batch_size, max_rows, (ev.problems or eval_count) * max(1, ev.samples)) if ev.every else 0
-    phases = {phase: sum(parts[name] for name in names) for phase, names in PHASE_PARTS.items()}
+    phase_parts = dict(PHASE_PARTS)
+    seg_cls, seg_config = checked["segmenter"]
+    dims = StepDims(shape, rows, rollout.group_size, prompt, T, w, a, kept + norm + a * H, fused,
+                    loss.micro_batch_size, segments_bound(str(OmegaConf.select(cfg, "segmenter.name", default="whole")),
+                                                          seg_config, T, rollout.thoughts, rollout.max_thoughts),
+                    lambda g, context: generation(g, context))
+    name = str(OmegaConf.select(cfg, "advantage.name", default="grpo"))
+    own = estimator_parts(name, checked["advantage"][1], dims)
+    if own is None:
+        notes.append(f"advantage {name}: its own memory while it estimates is not modeled (only the batch's)")
+    elif own:
+        parts.update(own)
+        phase_parts[f"advantage ({name})"] = ("weights", "reference", "optimizer", *own)
+    phases = {phase: sum(parts[p] for p in names) for phase, names in phase_parts.items()}
     if OmegaConf.select(cfg, "trainer.accelerator", default="cpu") != "cpu":
         del phases["checkpoint"]  # the buffer is host memory, the rest stays on the device
         notes.append(f"a checkpoint save also fills {parts['checkpoint buffer'] / GIB:.2f} GiB of host memory")
@@ -281,13 +213,84 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
         "rows per step, this rank": rows, "update micro-batch rows": b, "generation rows": gen_rows,
         "evaluation rows": eval_rows, "optimizer": f"{optim}: {k} state tensors per trained parameter",
     }
-    return Plan(parts, phases, facts, notes)
+    return Plan(parts, phases, facts, notes, phase_parts, dims)
 
 
-def plan_run(cfg: DictConfig, checked: dict[str, Any], prompt: int | None = None) -> tuple[Plan, list[tuple[str, str]]]:
+def sized_plan(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int, eval_prompt: int,
+               eval_count: int, memory: tuple[int, str] | None) -> tuple[Plan, int, str]:
+    """``(plan, loss.micro_batch_tokens, how it was set)``: :func:`estimate` at the configured
+    budget, or at ``auto``'s (:func:`resolve_token_budget`) for ``memory`` (``(bytes, what)``;
+    ``None``: unknown here, planned as 0), with notes on what does not fit ``memory``."""
+    loss, model, launch = checked["loss"], checked["model"], checked.get("launch")
+    cpu = OmegaConf.select(cfg, "trainer.accelerator", default="cpu") == "cpu"
+    if memory is not None and cpu and launch is not None and launch.devices > 1:  # ranks share the RAM
+        memory = (memory[0] // launch.devices, f"{memory[1]}, shared by {launch.devices} ranks")
+
+    def at(budget: int) -> Plan:
+        return estimate(cfg, checked, shape, prompt, eval_prompt, eval_count, budget)
+
+    if loss.micro_batch_tokens != "auto":
+        budget, how = loss.micro_batch_tokens, "set"
+    elif memory is None:
+        budget, how = 0, ("auto, sized at run start from the device's memory (unknown here: --memory-gib M plans "
+                          "for M GiB); planned as 0")
+    else:
+        rows = at(0).facts["rows per step, this rank"]
+        row = prompt + checked["rollout"].response_budget
+        budget, why = resolve_token_budget(at, row, math.ceil(rows / loss.updates_per_batch) * row, usable(memory[0]),
+                                           memory[0] * BATCH_SHARE)
+        how = f"auto: {why}"
+    plan = at(budget)
+    if memory is not None:
+        plan.notes += fit_notes(plan, memory[0], memory[1], model.lora.enabled, model.gradient_checkpointing)
+        plan.facts["memory"] = (f"{memory[0] / GIB:.1f} GiB ({memory[1]}), {usable(memory[0]) / GIB:.1f} GiB usable "
+                                f"({MARGIN_FRACTION:.0%} and {MARGIN_BYTES / GIB:.0f} GiB kept for the runtime)")
+    plan.facts["loss.micro_batch_tokens"] = f"{f'{budget} tokens' if budget else '0 = off'} ({how})"
+    return plan, budget, how
+
+
+def auto_token_budget(cfg: DictConfig, checked: dict[str, Any], config: Any, tokenizer: Any, train: list[Any],
+                      test: list[Any]) -> tuple[int, dict[str, Any]]:
+    """At run start: ``loss.micro_batch_tokens`` with ``auto`` resolved for the loaded model's
+    ``config`` and ``tokenizer``, the task's ``train`` / ``test`` problems and this machine's
+    memory, and what to record about it (empty when the budget was set)."""
+    loss, model, rollout = checked["loss"], checked["model"], checked["rollout"]
+    if loss.micro_batch_tokens != "auto":
+        return loss.micro_batch_tokens, {}
+    memory = available_memory(str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu")))
+    prompt, _ = prompt_tokens(train, tokenizer, rollout.chat_template)
+    eval_prompt, _ = prompt_tokens(test or train, tokenizer, rollout.chat_template)
+    plan, budget, how = sized_plan(cfg, checked, shape_of(config, model.trust_remote_code), prompt, eval_prompt,
+                                   len(test), memory)
+    record = {"configured": "auto", "resolved": budget, "how": how, "update_gib": round(plan.phases["update"] / GIB, 3),
+              "peak_gib": round(plan.peak[1] / GIB, 3), "peak_phase": plan.peak[0]}
+    if memory is not None:
+        record.update(memory_gib=round(memory[0] / GIB, 3), memory=memory[1],
+                      does_not_fit=[n for n in plan.notes if n.startswith("does not fit")])
+    return budget, record
+
+
+def bench_plan(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int, prompts: int,
+               estimators: dict[str, tuple[Any, str, Any]]) -> tuple[dict[str, float], list[str]]:
+    """credit-bench's phases (:func:`~creditlab.run.memory_phases.bench_phases`) for ``prompts``
+    prompts: ``cfg`` / ``checked`` the bench's composed run, ``estimators`` name -> (advantage
+    config, segmenter name, segmenter config)."""
+    run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
+    plan = estimate(cfg, checked, shape, prompt, prompt, 1, 0)
+    rows = prompts * rollout.group_size
+    dims = replace(plan.dims, rows=rows, micro=loss.micro_batch_size or run.prompts_per_step * rollout.group_size)
+    per = {name: (config, replace(dims, segments=segments_bound(seg, seg_cfg, dims.T, rollout.thoughts,
+                                                                rollout.max_thoughts)))
+           for name, (config, seg, seg_cfg) in estimators.items()}
+    return bench_phases(dims, per, plan.parts["weights"])
+
+
+def plan_run(cfg: DictConfig, checked: dict[str, Any], prompt: int | None = None,
+             memory: tuple[int, str] | None = None) -> tuple[Plan, list[tuple[str, str]]]:
     """The plan of a validated config and what it resolved to, without loading the model (its
     config and tokenizer only) or writing anything: ``prompt`` tokens, else measured on the
-    task's prompts (loaded as the run loads them).
+    task's prompts (loaded as the run loads them); ``memory`` ``(bytes, what)`` to size ``auto``
+    for, else this machine's for the config's accelerator (:func:`available_memory`).
 
     Raises:
         ConfigError: The model's config cannot be read, or the task's data cannot be loaded
@@ -306,7 +309,13 @@ def plan_run(cfg: DictConfig, checked: dict[str, Any], prompt: int | None = None
                               f"fix that, or pass --prompt-tokens N (the longest prompt, in tokens)") from exc
         (p_train, how), (p_test, _) = (prompt_tokens(s, tokenizer, rollout.chat_template) for s in (train, test))
         lengths, eval_count = (p_train, p_test, how), len(test)
-    plan = estimate(cfg, checked, shape, lengths[0], lengths[1], eval_count)
+    if memory is None:
+        memory = available_memory(str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu")))
+    plan, _, _ = sized_plan(cfg, checked, shape, lengths[0], lengths[1], eval_count, memory)
+    if tokenizer is None and prompt is None:
+        plan.notes.append("prompt lengths are the prompts' characters (no tokenizer here): an upper bound of their "
+                          "tokens for byte-pair tokenizers, but a chat template's own tokens are not counted; the run "
+                          "measures prompts in tokens (--prompt-tokens N plans with N)")
     lora = model.lora
     resolved = [
         ("method", str(cfg.get("method", "custom"))),

@@ -4,6 +4,7 @@ sections, fit them with a ``lightning.Trainer``, and (rank 0) summarize the run 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ from creditlab.errors import InputError
 from creditlab.run.config import build_parts
 from creditlab.run.datamodule import TaskDataModule
 from creditlab.run.loggers import JsonlLogger, read_metrics
+from creditlab.run.memory import auto_token_budget
 from creditlab.run.models import is_peft, load_policy
 from creditlab.run.progress import StepProgressBar, quiet_library_output
 from creditlab.run.rundir_guard import RunStopped
@@ -143,8 +145,14 @@ def fit(cfg: DictConfig, checked: dict[str, Any], out_dir: Path) -> dict[str, An
     data.setup()  # both splits loaded and the held-out rows settled before the model loads
 
     model, tokenizer, model_path = load_policy(checked["model"], run_cfg.seed)
+    budget, sized = auto_token_budget(cfg, checked, model.config, tokenizer, data.train_problems, data.test_problems)
+    loss = dataclasses.replace(loss, micro_batch_tokens=budget)  # loss.micro_batch_tokens=auto, sized once here
+    for note in sized.get("does_not_fit", []):
+        _say(f"[creditlab] warning: the memory plan says this run {note}")
     parts = build_parts(checked, model, tokenizer, task=data.task)
     described = {"accelerator": checked["model"].accelerator, "backend": parts["backend"].describe()}
+    if sized:
+        described["micro_batch_tokens"] = sized
     _record(out_dir / "environment.json", model_path=str(model_path), **described)
     reference = None
     if loss.kl_coef > 0:

@@ -56,7 +56,10 @@ class LossConfig:
         micro_batch_tokens: Padded tokens per forward/backward at most (rows x their longest
             prompt + longest response); 0 = no token budget. With one, the rows are sorted by
             length and packed (:mod:`creditlab.step.packing`). Every micro-batch is cut to its
-            own longest prompt and response either way.
+            own longest prompt and response either way. ``auto`` (the default): the run sets it
+            at start from the memory plan and the memory the machine or device has
+            (:func:`creditlab.run.memory.auto_token_budget`: 0 when the whole mini-batch fits);
+            unresolved (a module built without the runner), it means 0 (:attr:`token_budget`).
         tis_cap: Truncated importance sampling (TESTING trap 4): multiply each token's
             policy-gradient loss by ``min(π_old / π_engine, tis_cap)`` (detached), where π_engine
             is the generation backend's probability of the sampled token and π_old the
@@ -79,7 +82,7 @@ class LossConfig:
     norm_constant: float | None = None
     updates_per_batch: int = 1
     micro_batch_size: int = 0
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int | str = "auto"
     tis_cap: float | None = None
     fused_head: str = "auto"
 
@@ -115,16 +118,22 @@ class LossConfig:
             isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 0
         ):
             raise bad("micro_batch_size", "an integer >= 0 (0 = whole mini-batch)")
-        if isinstance(self.micro_batch_tokens, bool) or not (
+        if self.micro_batch_tokens != "auto" and (isinstance(self.micro_batch_tokens, bool) or not (
             isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0
-        ):
-            raise bad("micro_batch_tokens", "an integer >= 0 (0 = no token budget), e.g. 8192")
+        )):
+            raise bad("micro_batch_tokens", "auto (sized from the memory plan) or an integer >= 0 "
+                      "(0 = no token budget), e.g. 8192")
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise bad("tis_cap", "null (off) or a number >= 1, e.g. 2.0")
         if isinstance(self.fused_head, bool):  # YAML's true/false
             self.fused_head = "on" if self.fused_head else "off"
         if self.fused_head not in ("auto", "on", "off"):
             raise bad("fused_head", "one of auto, on, off")
+
+    @property
+    def token_budget(self) -> int:
+        """``micro_batch_tokens`` as the update packs by it: an unresolved ``auto`` is 0 (no budget)."""
+        return 0 if self.micro_batch_tokens == "auto" else int(self.micro_batch_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,11 +133,12 @@ class PolicyUpdate:
 
     def micro_batches(self, rollout: RolloutBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """A mini-batch's rows in micro-batches (``loss.micro_batch_size`` rows,
-        ``loss.micro_batch_tokens`` padded tokens at most: :func:`creditlab.step.packing.pack_rows`)."""
+        ``loss.micro_batch_tokens`` padded tokens at most, ``auto`` resolved by the runner:
+        :func:`creditlab.step.packing.pack_rows`)."""
         prompt, response = rollout.row_lengths
         cfg = self.loss_cfg
         at = rows.cpu()
-        return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.micro_batch_tokens)
+        return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.token_budget)
 
     def columns(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[int, int]:
         """``(start, t)``: the input columns ``[start, P + t)`` and response positions ``[0, t)``
