@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import statistics
 import time
@@ -47,7 +48,9 @@ class Bench:
     segmenter, estimator and loss settings."""
 
     def __init__(self, methods: list[str], extra: list[str]) -> None:
+        from creditlab.run.compose import compose
         from creditlab.run.config import build_parts
+        from creditlab.run.memory import auto_token_budget
         from creditlab.run.models import load_policy
         from creditlab.step.policy import ModelPolicyHandle
         from creditlab.step.rollout import RolloutSampler
@@ -63,10 +66,16 @@ class Bench:
             self.rollout_cfg.temperature, 0, rollout_fn=self.sampler,
         )
         self.methods: dict[str, dict[str, Any]] = {}
+        train, test = list(self.task.load("train")), list(self.task.load("test"))
         for m in methods:
             checked = checked_for(m, extra)
             built = build_parts(checked, self.model, self.tokenizer)
-            self.methods[m] = {"segmenter": built["segmenter"], "advantage": built["advantage"], "loss": checked["loss"]}
+            # loss.micro_batch_tokens=auto sized as a run sizes it (creditlab.run.memory)
+            cfg = compose([f"method={m}", "logger=none", *extra])
+            budget, _ = auto_token_budget(cfg, checked, self.model.config, self.tokenizer, train, test)
+            loss = dataclasses.replace(checked["loss"], micro_batch_tokens=budget)
+            self.methods[m] = {"segmenter": built["segmenter"], "advantage": built["advantage"], "loss": loss}
+            print(f"[{m}] loss.micro_batch_tokens = {budget}")
         self.initial = copy.deepcopy(self.model.state_dict())
         self.problems = self.task.load("train")
 
@@ -110,7 +119,7 @@ class Bench:
         p = rollout.prompt_len
         temperature = self.rollout_cfg.temperature or 1.0
         for rows in pack_rows(torch.arange(rollout.size), prompt, response, cfg.micro_batch_size,
-                              int(cfg.micro_batch_tokens or 0)):
+                              cfg.token_budget):
             start, t = columns(p, prompt[rows], response[rows])
             lp, _ = response_logprobs(
                 self.model, rollout.input_ids[rows, start : p + t], rollout.attention_mask[rows, start : p + t],
