@@ -31,12 +31,18 @@ def test_pack_rows_by_hand():
     assert [c.tolist() for c in pack_rows(rows, p, r)] == [[10, 11, 12, 13, 14]]
     # budget 24: longest response first (14: 9, 11: 6, 12: 4, 13: 2, 10: 1); 14 + 11 need 2 x (3 + 9) = 24;
     # adding 12 would need 3 x 12 = 36; then 12, 13 (2 x (3 + 4) = 14), 10 (3 x 7 = 21)
+    # (two micro-batches at least; [14, 11] [12, 13, 10] computes 2 x 9 + 3 x 4 = 30 response
+    # positions and is the only cut into two that fits)
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 24)] == [[14, 11], [12, 13, 10]]
-    assert [c.tolist() for c in pack_rows(rows, p, r, 2, 24)] == [[14, 11], [12, 13], [10]]
+    # two rows at most: three micro-batches; a greedy fill [14, 11] [12, 13] [10] computes 18 + 8 +
+    # 1 = 27 positions, [14] [11, 12] [13, 10] 9 + 12 + 4 = 25 (2 x (3 + 6) = 18 and 2 x 5 fit)
+    assert [c.tolist() for c in pack_rows(rows, p, r, 2, 24)] == [[14], [11, 12], [13, 10]]
     # a row longer than the budget goes alone; everything that fits at once keeps its order
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 5)] == [[14], [11], [12], [13], [10]]
     assert [c.tolist() for c in pack_rows(rows, p, r, 0, 60)] == [[10, 11, 12, 13, 14]]  # 5 x (3 + 9)
-    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 59)] == [[14, 11, 12, 13], [10]]
+    # budget 59: two micro-batches; greedy [14, 11, 12, 13] [10] computes 36 + 1 = 37 positions,
+    # [14, 11, 12] [13, 10] 27 + 4 = 31, [14] [11, 12, 13, 10] 9 + 24 = 33, [14, 11] [12, 13, 10] 30
+    assert [c.tolist() for c in pack_rows(rows, p, r, 0, 59)] == [[14, 11], [12, 13, 10]]
     assert pack_rows(rows[:0], p[:0], r[:0], 0, 8) == []
     # responses first: a long prompt with a short response waits behind a long response
     p2, r2 = torch.tensor([9, 1, 1]), torch.tensor([1, 5, 4])  # totals 10, 6, 5
@@ -110,3 +116,33 @@ def test_micro_batch_columns_cut_only_padding():
         assert (batch.attention_mask[c, :start] == 0).all() and (batch.response_mask[c, t:] == 0).all()
         assert batch.attention_mask[c, start].any() and batch.response_mask[c, t - 1].any()
         assert (batch.attention_mask[c, p + t :] == 0).all()
+
+
+def test_partition_is_the_best_contiguous_cut_by_brute_force():
+    """Random small mini-batches: the cut equals the best of every cut of the sorted rows into
+    contiguous runs that fit (fewest micro-batches, then fewest response positions)."""
+    import itertools
+
+    from creditlab.step.packing import _partition
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(1, 8, (1,), generator=g))
+        r = sorted(torch.randint(0, 12, (n,), generator=g).tolist(), reverse=True)
+        p = torch.randint(1, 6, (n,), generator=g).tolist()
+        budget, max_rows = int(torch.randint(4, 60, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+
+        def fits(a, b):
+            size = b - a
+            return size == 1 or (size * (max(p[a:b]) + r[a]) <= budget and not 0 < max_rows < size)
+
+        best = None
+        for k in range(n):
+            for inner in itertools.combinations(range(1, n), k):
+                cuts = [0, *inner, n]
+                if all(fits(a, b) for a, b in zip(cuts, cuts[1:])):
+                    key = (len(cuts) - 1, sum((b - a) * r[a] for a, b in zip(cuts, cuts[1:])))
+                    best = min(best, key) if best else key
+        got = _partition(p, r, max_rows, budget)
+        assert got[0] == 0 and got[-1] == n
+        assert (len(got) - 1, sum((b - a) * r[a] for a, b in zip(got, got[1:]))) == best

@@ -40,7 +40,8 @@ def pack_rows(
         Non-empty (b,) index tensors covering ``rows`` once each. Without a token budget:
         consecutive runs of ``max_rows`` in the given order (the whole mini-batch when
         ``max_rows`` is 0). With one: the rows sorted longest response first (then longest
-        prompt; stable) and filled greedily;
+        prompt; stable) and cut into the fewest micro-batches that fit, and among those the cut
+        that computes the fewest padded response positions (:func:`_partition`);
         when they all fit in one micro-batch, that micro-batch keeps the given order.
     """
     n = len(rows)
@@ -54,17 +55,33 @@ def pack_rows(
     # by response length, then prompt length (stable: ties keep the drawn order): a micro-batch's
     # padded response positions are what the head and the backward pay for; prompts are shared
     order = sorted(range(n), key=lambda i: (-r[i], -p[i]))
-    out, current, wp, wr = [], [], 0, 0
-    for i in order:
-        np_, nr = max(wp, p[i]), max(wr, r[i])
-        full = max_rows > 0 and len(current) >= max_rows
-        if current and (full or (len(current) + 1) * (np_ + nr) > max_tokens):
-            out.append(rows[current])
-            current, np_, nr = [], p[i], r[i]
-        current.append(i)
-        wp, wr = np_, nr
-    out.append(rows[current])
-    return out
+    cuts = _partition([p[i] for i in order], [r[i] for i in order], max_rows, max_tokens)
+    return [rows[order[a:b]] for a, b in zip(cuts, cuts[1:])]
+
+
+def _partition(p: list[int], r: list[int], max_rows: int, max_tokens: int) -> list[int]:
+    """Cut points ``0 = c_0 < ... < c_k = n`` of rows sorted by response length (``r``
+    non-increasing): the fewest micro-batches whose padded tokens ``size x (longest prompt +
+    longest response)`` stay within ``max_tokens`` (a single row always goes), and among those
+    the ones that compute the fewest response positions ``sum size x longest response``. Dynamic
+    programming over contiguous runs of the sorted rows, each run grown backwards until it no
+    longer fits (its size and both lengths only grow)."""
+    n = len(r)
+    best: list[tuple[int, int]] = [(0, 0)] + [(n + 1, 0)] * n  # (micro-batches, response positions)
+    back = [0] * (n + 1)
+    for i in range(1, n + 1):  # the last run is rows [j, i)
+        longest_prompt = 0
+        for j in range(i - 1, -1, -1):
+            longest_prompt, size = max(longest_prompt, p[j]), i - j
+            if size > 1 and (size * (longest_prompt + r[j]) > max_tokens or 0 < max_rows < size):
+                break
+            cand = (best[j][0] + 1, best[j][1] + size * r[j])
+            if cand < best[i]:
+                best[i], back[i] = cand, j
+    cuts = [n]
+    while cuts[-1] > 0:
+        cuts.append(back[cuts[-1]])
+    return cuts[::-1]
 
 
 def columns(prompt_len: int, prompt_lens: torch.Tensor, response_lens: torch.Tensor) -> tuple[int, int]:
