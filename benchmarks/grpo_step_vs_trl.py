@@ -210,7 +210,7 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
     )
     loss = LossConfig(
         mode="clip", agg="seq-mean-token-mean", clip_eps_low=0.2, clip_eps_high=0.2,
-        kl_coef=0.0, updates_per_batch=1, micro_batch_size=0,
+        kl_coef=0.0, updates_per_batch=1, micro_batch_size=0, micro_batch_tokens=args.micro_batch_tokens,
     )
     backend = HFBackend(model=model, tokenizer=tokenizer)
     verifier = DigitFractionVerifier()
@@ -339,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generations", type=int, default=8, help="completions per prompt")
     ap.add_argument("--new-tokens", type=int, default=32, help="exact completion length")
     ap.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (both sides)")
+    ap.add_argument("--micro-batch-tokens", type=int, default=0,
+                    help="creditlab's loss.micro_batch_tokens (0: the whole batch at once; a run's default, "
+                         "auto, is sized by the memory plan: 2048 for SmolLM2 at 8 x 8 x 128 on a 24 GiB machine)")
     ap.add_argument("--adamw", choices=("fused", "plain"), default="fused",
                     help="torch AdamW implementation on both sides: fused (transformers' default "
                          "optim 'adamw_torch_fused' for torch>=2.8) or plain ('adamw_torch')")
