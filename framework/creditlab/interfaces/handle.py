@@ -30,6 +30,22 @@ def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> 
     return embeddings + offset.detach().to(embeddings)
 
 
+def branch_sequences(
+    input_ids: torch.Tensor, rows: torch.Tensor, at: torch.Tensor, branch_ids: torch.Tensor,
+    branch_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)``, both (J, W) long, right-padded: row j is ``input_ids[rows[j], :at[j]]``
+    followed by the real tokens of ``branch_ids[j]`` (the whole sequences the default branch
+    methods of :class:`PolicyHandle` run)."""
+    seqs = [torch.cat([input_ids[rows[j], : at[j]], branch_ids[j][branch_mask[j] > 0]]) for j in range(len(rows))]
+    width = max((len(x) for x in seqs), default=0)
+    ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
+    mask = torch.zeros_like(ids)
+    for j, x in enumerate(seqs):
+        ids[j, : len(x)], mask[j, : len(x)] = x, 1
+    return ids, mask
+
+
 class PolicyHandle(abc.ABC):
     """What a part may ask of the current policy, without knowing Lightning or the backend.
 
@@ -98,18 +114,10 @@ class PolicyHandle(abc.ABC):
         """
         if len(rows) == 0:
             return torch.zeros(branch_ids.shape, dtype=torch.float32, device=branch_ids.device)
-        seqs = []
-        for j in range(len(rows)):
-            trunk = input_ids[rows[j], : at[j]]
-            seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
-        width = max(len(x) for x in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)], mask[j, : len(x)] = x, 1
+        ids, mask = branch_sequences(input_ids, rows, at, branch_ids, branch_mask)
         lp = self.logprobs(ids, mask)
         out = torch.zeros(branch_ids.shape, dtype=torch.float32, device=lp.device)
-        for j in range(len(seqs)):
+        for j in range(len(rows)):
             n = int(branch_mask[j].sum())
             out[j, :n] = lp[j, int(at[j]) : int(at[j]) + n].float()
         return out
@@ -169,19 +177,10 @@ class PolicyHandle(abc.ABC):
             (K, V) float32 (float64 from a float64 model), K = ``read.sum()``, in row-major order
             of ``read``.
         """
-        seqs, cols = [], []
-        for j in range(len(rows)):
-            trunk = input_ids[rows[j], : at[j]]
-            seqs.append(torch.cat([trunk, branch_ids[j][branch_mask[j] > 0]]))
-            cols.append(int(at[j]))
-        width = max((len(x) for x in seqs), default=0)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=input_ids.device)
-        mask = torch.zeros_like(ids)
-        where = torch.zeros((len(seqs), width), dtype=torch.bool, device=input_ids.device)
-        for j, x in enumerate(seqs):
-            ids[j, : len(x)], mask[j, : len(x)] = x, 1
-            t = read[j].nonzero().flatten().to(input_ids.device)
-            where[j, cols[j] + t] = True
+        ids, mask = branch_sequences(input_ids, rows, at, branch_ids, branch_mask)
+        where = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        for j in range(len(rows)):  # branch column t sits at column at[j] + t of its sequence
+            where[j, int(at[j]) + read[j].nonzero().flatten().to(ids.device)] = True
         return self.read_logits(ids, mask, where)
 
     @abc.abstractmethod
