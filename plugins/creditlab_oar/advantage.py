@@ -373,13 +373,37 @@ def reasoning_noise(
     return noise
 
 
+def grad_chunks(probes: Sequence[Probe], rows: int, ctx: PolicyHandle) -> list[list[Probe]]:
+    """``probes`` cut into consecutive runs, one gradient call each: ``rows`` at a time, or with
+    ``rows = 0`` as many as keep within the handle's ``micro_batch_size`` rows and
+    ``micro_batch_tokens`` padded tokens (run length x its longest sequence; a longer sequence
+    goes alone). The order is kept, so the noise draws in the same order however they are cut."""
+    if rows:
+        return [list(probes[s : s + rows]) for s in range(0, len(probes), rows)]
+    max_rows, max_tokens = int(ctx.micro_batch_size), int(ctx.micro_batch_tokens)
+    out: list[list[Probe]] = []
+    width = 0
+    for p in probes:
+        wider = max(width, len(p.ids))
+        if out and (0 < max_rows <= len(out[-1]) or 0 < max_tokens < (len(out[-1]) + 1) * wider):
+            out.append([])
+            wider = len(p.ids)
+        if not out:
+            out.append([])
+        out[-1].append(p)
+        width = wider
+    return out
+
+
 class OARGAdvantage(_OARAdvantage):
     """OAR-G: token importance by input gradient x input at noise-perturbed embeddings."""
 
     @dataclass
     class Config(OARConfig):
         """Attributes: as :class:`OARConfig` (``mode`` defaults to ``answer_mean``, the code's
-        default for this variant; ``chunk_size`` = rows per gradient call, 0 = all), plus
+        default for this variant; ``chunk_size`` = rows per gradient call, 0 = as many
+        consecutive rows as the handle's ``micro_batch_size`` and ``micro_batch_tokens`` allow,
+        like the update's micro-batches, all of them when it sets neither), plus
         sigma: Std of the Gaussian embedding noise (the code's 1e-3); must be > 0 in the KL modes;
             0 in ``answer_joint`` = the plain input gradient (fallback rows keep weight 1).
         """
@@ -399,9 +423,7 @@ class OARGAdvantage(_OARAdvantage):
         cfg = self.config
         pad = self._pad_id(ctx)
         out: list[torch.Tensor] = []
-        step = cfg.chunk_size or len(probes)
-        for s in range(0, len(probes), step):
-            chunk = list(probes[s : s + step])
+        for chunk in grad_chunks(probes, cfg.chunk_size, ctx):
             scores = [torch.zeros(p.scored.numel(), dtype=torch.float64, device="cpu") for p in chunk]
             # sigma = 0 (answer_joint only): fallback (KL) rows have zero gradient; skip them.
             live = [j for j, p in enumerate(chunk) if cfg.sigma > 0 or p.mode not in DIST_MODES]

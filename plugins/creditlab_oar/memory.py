@@ -14,7 +14,8 @@ the response budget, ``L = prompt + T``, ``kv`` bytes of keys and values per tok
   then the float64 mean and the KL's two log-softmaxes). ``answer_joint`` reads the continuation's
   log-probs instead: ``step.logprob_tensors(b, L)``.
 * **OAR-G**: a no-grad clean pass, then one pass with autograd over ``g = chunk_size`` rows (0:
-  every probed row, at most ``R``) of ``L`` tokens: the activations an update keeps for them,
+  as many as the handle's ``m`` rows and ``step.tokens`` padded tokens allow, at most ``R``) of
+  ``L`` tokens: the activations an update keeps for them,
   ``g · L · step.kept``; the embeddings, their noise and their gradient ``3 · g · L · H · w``; fp32
   logits and their gradient at the read positions ``8 · g · r · V``. No weight gradient is kept.
 """
@@ -44,6 +45,7 @@ def oar_p_memory(config: Any, step: Any) -> dict[str, float]:
 def oar_g_memory(config: Any, step: Any) -> dict[str, float]:
     """OAR-G's tensors while it estimates, by component (bytes; the module docstring)."""
     L, R = step.prompt + step.T, step.rows
-    g = min(int(config.chunk_size) or R, R)
+    g = int(config.chunk_size) or min(step.micro or R, max(1, step.tokens // L) if step.tokens else R)
+    g = min(g, R)
     return {"advantage activations": g * L * step.kept + 3 * g * L * step.shape.hidden * step.w,
             "advantage logits": 8 * g * _read(config, step) * step.shape.vocab}

@@ -245,6 +245,8 @@ def test_bench_forward_passes_take_at_most_a_training_steps_rows(micro, expected
     model, tok = tiny_model_and_tokenizer()
     fake = SimpleNamespace(seed=0, checked={
         "rollout": SimpleNamespace(temperature=1.0, group_size=3, chat_template="auto"),
-        "loss": SimpleNamespace(micro_batch_size=micro), "run": SimpleNamespace(prompts_per_step=4)})
+        "loss": SimpleNamespace(micro_batch_size=micro, fused_head="auto"), "run": SimpleNamespace(prompts_per_step=4)})
     handle = Bench.handle(fake, model, tok, backend=None, sampler=None, stream=0)
     assert handle.micro_batch_size == expected
+    assert handle.micro_batch_tokens == 0  # no budget unless the bench resolved one
+    assert Bench.handle(fake, model, tok, None, None, 0, tokens=1792).micro_batch_tokens == 1792

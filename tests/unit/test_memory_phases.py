@@ -51,6 +51,12 @@ def test_oar_g_holds_training_activations_for_its_rows(tmp_path):
     assert total == 1_585_152 + 1_024_000
     two = _own(_plan(tmp_path, "advantage=oar_g", "advantage.chunk_size=2"), "oar_g")[1]
     assert two["advantage activations"] == 2 * 18 * KEPT + 3 * 2 * 18 * 64 * 4
+    # chunk_size 0 follows the handle: rows per forward, and the update's token budget (rows of L = 18)
+    rows = _own(_plan(tmp_path, "advantage=oar_g", "loss.micro_batch_size=3"), "oar_g")[1]
+    assert rows["advantage activations"] == 3 * 18 * KEPT + 3 * 3 * 18 * 64 * 4
+    tokens = _own(_plan(tmp_path, "advantage=oar_g", "loss.micro_batch_tokens=90"), "oar_g")[1]
+    assert tokens["advantage activations"] == 5 * 18 * KEPT + 3 * 5 * 18 * 64 * 4  # 90 // 18 = 5 rows
+    assert tokens["advantage logits"] == 8 * 5 * 16 * 1000
 
 
 def test_rredcot_holds_trunk_caches_and_branch_copies(tmp_path):
@@ -102,7 +108,8 @@ def test_dry_run_prints_oar_ps_own_phase(tmp_path, capsys):
 
 def test_credit_bench_runs_each_estimator_on_every_chain(tmp_path):
     """3 prompts x G = 4: R = 12 chains at once, beside the weights only; the handle's rows per
-    forward are the run's step (2 x 4 = 8); the truth decodes 512 continuations a call (256 a batch)."""
+    forward are the run's step (2 x 4 = 8), OAR-G's gradient calls included; the truth decodes 512
+    continuations a call (256 a batch)."""
     Qwen2Config(**QWEN).save_pretrained(tmp_path)
     base = [f"model.name_or_path={tmp_path}", "prompts_per_step=2", "rollout.group_size=4",
             "rollout.max_new_tokens=8", "rollout.temperature=1.0", "eval.every=0"]
@@ -112,14 +119,14 @@ def test_credit_bench_runs_each_estimator_on_every_chain(tmp_path):
     phases, notes = bench_plan(cfg, checked, shape_of(Qwen2Config(**QWEN)), 10, 3,
                                {n: (c, "whole", None) for n, c in sections.items()})
     weights = QWEN_PARAMS * 4
-    assert phases["credit-bench oar_g"] - weights == 12 * 18 * KEPT + 3 * 12 * 18 * 64 * 4 + 8 * 12 * 16 * 1000
+    assert phases["credit-bench oar_g"] - weights == 8 * 18 * KEPT + 3 * 8 * 18 * 64 * 4 + 8 * 8 * 16 * 1000
     assert phases["credit-bench oar_p"] - weights == (12 + 8) * 18 * KV + 8 * 18 * NO_GRAD + 64 * 1000 * 28
     assert phases["credit-bench truth"] - weights == 256 * 1000 * 20 + 256 * 18 * NO_GRAD + 256 * 26 * KV
     assert "credit-bench grpo" not in phases and not notes
-    # the same estimator in training holds less: the step's 8 rows, not the bench's 12
+    # the bench's OAR-G holds what it holds in training: the step's 8 rows a gradient call
     train = estimate(compose([*base, "advantage=oar_g"]), validate(compose([*base, "advantage=oar_g"])),
                      shape_of(Qwen2Config(**QWEN)), 10, 10, 8)
-    assert train.phases["advantage (oar_g)"] - STATE < phases["credit-bench oar_g"] - weights
+    assert train.phases["advantage (oar_g)"] - STATE == phases["credit-bench oar_g"] - weights
 
 
 def test_credit_bench_dry_run_prints_its_phases(tmp_path, capsys, monkeypatch):

@@ -4,6 +4,7 @@ differences, and the estimator contract on a real tiny model."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -237,6 +238,41 @@ def test_oar_p_chunking_does_not_change_importance(model_tok):
     a, _ = OARPAdvantage(OARPAdvantage.Config(chunk_size=0)).importance(batch, ctx)
     b, _ = OARPAdvantage(OARPAdvantage.Config(chunk_size=3)).importance(batch, ctx)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_oar_g_cuts_gradient_calls_by_the_handles_rows_and_tokens(model_tok):
+    """chunk_size 0: consecutive rows under the handle's micro_batch_size / micro_batch_tokens, as
+    the update cuts its micro-batches; the same importance (the noise drawn in the same order)."""
+    from creditlab_oar.advantage import grad_chunks
+
+    model, tok = model_tok
+    batch = _batch(tok)
+    est = OARGAdvantage(OARGAdvantage.Config(mode="answer_mean"))
+    ctx = _ctx(model, tok, seed=3)
+    calls = []
+    grads = ctx.input_gradients
+    ctx.input_gradients = lambda ids, *a, **k: calls.append(tuple(ids.shape)) or grads(ids, *a, **k)
+    whole, _ = est.importance(batch, ctx)
+    width = max(w for _, w in calls)
+    assert calls[-1][0] == 6  # the one-token template pass, then every probed row in one call
+    ctx = _ctx(model, tok, seed=3)
+    ctx.micro_batch_tokens = 2 * width  # two of the widest rows a call
+    calls.clear()
+    grads = ctx.input_gradients
+    ctx.input_gradients = lambda ids, *a, **k: calls.append(tuple(ids.shape)) or grads(ids, *a, **k)
+    cut, _ = OARGAdvantage(OARGAdvantage.Config(mode="answer_mean")).importance(batch, ctx)
+    assert len(calls) >= 3 and all(b * w <= 2 * width for b, w in calls)
+    torch.testing.assert_close(cut, whole, atol=1e-6, rtol=1e-5)
+    # the runs themselves: rows x longest <= the budget, a longer sequence alone, order kept
+    fake = [SimpleNamespace(ids=torch.zeros(n, dtype=torch.long)) for n in (5, 5, 5, 12, 3, 30, 2)]
+    ctx.micro_batch_tokens, ctx.micro_batch_size = 24, 0
+    runs = grad_chunks(fake, 0, ctx)
+    assert [[len(p.ids) for p in r] for r in runs] == [[5, 5, 5], [12, 3], [30], [2]]
+    ctx.micro_batch_tokens, ctx.micro_batch_size = 0, 2
+    assert [len(r) for r in grad_chunks(fake, 0, ctx)] == [2, 2, 2, 1]
+    assert [len(r) for r in grad_chunks(fake, 3, ctx)] == [3, 3, 1]  # chunk_size set: it rules
+    ctx.micro_batch_size = 0
+    assert [len(r) for r in grad_chunks(fake, 0, ctx)] == [7]  # no bound: one call
 
 
 # -- OAR-G against brute force and finite differences -------------------------------------------

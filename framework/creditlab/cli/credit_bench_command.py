@@ -73,11 +73,11 @@ def dry_run(bench: Any) -> None:
     for name, sections in bench.estimators.items():
         (_, est_cfg), (seg_cls, seg_cfg) = sections["advantage"], sections["segmenter"]
         estimators[name] = (est_cfg, names.get(f"{seg_cls.__module__}:{seg_cls.__qualname__}", ""), seg_cfg)
-    phases, notes = bench_plan(bench.cfg, checked, shape, prompt, len(bench.problems), estimators)
+    memory = available_memory(str(OmegaConf.select(bench.cfg, "trainer.accelerator", default="cpu")))
+    phases, notes = bench_plan(bench.cfg, checked, shape, prompt, len(bench.problems), estimators, memory)
     rollout = checked["rollout"]
     print(f"creditlab credit-bench --dry-run: {len(bench.problems)} prompts x {rollout.group_size} chains, "
           f"prompt <= {prompt} {how}, response <= {rollout.response_budget} tokens; shape: {source}")
-    memory = available_memory(str(OmegaConf.select(bench.cfg, "trainer.accelerator", default="cpu")))
     for phase, value in sorted(phases.items(), key=lambda kv: -kv[1]):
         over = memory is not None and value > usable(memory[0])
         print(f"  {phase:<34} {value / GIB:9.3f} GiB" + ("  (does not fit this machine)" if over else ""))

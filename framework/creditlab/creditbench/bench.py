@@ -48,6 +48,7 @@ from creditlab.errors import ConfigError
 from creditlab.registry import REGISTRIES, conf_dirs
 from creditlab.run.compose import CONF_DIR, compose
 from creditlab.run.config import build_config, build_parts, validate
+from creditlab.run.memory import auto_token_budget
 from creditlab.run.models import load_policy
 from creditlab.step.generation import completion_spans, span_texts
 from creditlab.step.policy import ModelPolicyHandle
@@ -201,6 +202,7 @@ class Bench:
     def __init__(self, overrides: list[str], settings: BenchSettings, say: Callable[[str], None] = print) -> None:
         settings.check()
         self.settings, self.overrides, self.say = settings, list(overrides), say
+        self.tokens = 0  # the handle's loss.micro_batch_tokens, auto resolved when the model loads
         self.cfg = compose([*BENCH_DEFAULTS, *overrides])
         self.checked = validate(self.cfg)
         self.seed = self.checked["run"].seed
@@ -219,15 +221,18 @@ class Bench:
         if settings.selectors is None and self.problems[0].oracle is None:
             self.selectors.pop("oracle", None)
 
-    def handle(self, model: Any, tokenizer: Any, backend: Any, sampler: RolloutSampler, stream: int) -> CountingHandle:
+    def handle(self, model: Any, tokenizer: Any, backend: Any, sampler: RolloutSampler, stream: int,
+               tokens: int = 0) -> CountingHandle:
         rollout = self.checked["rollout"]
         rng = torch.Generator().manual_seed(self.seed * 1009 + stream)
         # The estimators see every chain of the bench at once; their forward passes take at most a
-        # training step's rows (loss.micro_batch_size, else prompts_per_step x group_size), so the
-        # bench needs no more memory than a step of the run it stands for.
+        # training step's rows (loss.micro_batch_size, else prompts_per_step x group_size) and,
+        # with autograd, the update's token budget (``tokens``), so the bench needs no more memory
+        # than a step of the run it stands for.
         micro = self.checked["loss"].micro_batch_size or self.checked["run"].prompts_per_step * rollout.group_size
         return CountingHandle(model, tokenizer, backend, rng, rollout.temperature, micro,
-                              rollout_fn=sampler, chat_template=rollout.chat_template)
+                              rollout_fn=sampler, chat_template=rollout.chat_template,
+                              fused_head=self.checked["loss"].fused_head, micro_batch_tokens=tokens)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> BenchResult:
         """Sample, value, score; ``progress(done, total)`` after each chunk of continuations. The
@@ -248,7 +253,10 @@ class Bench:
         parts = build_parts(self.checked, model, tokenizer, task=self.task)
         sampler = RolloutSampler(rollout, parts["backend"], parts["verifier"])
         backend = parts["backend"]
-        ctx = self.handle(model, tokenizer, backend, sampler, 0)
+        self.tokens, sized = auto_token_budget(self.cfg, self.checked, model.config, tokenizer, self.problems, self.problems)
+        if sized:
+            self.say(f"[credit-bench] loss.micro_batch_tokens=auto: {self.tokens} tokens ({sized['how']})")
+        ctx = self.handle(model, tokenizer, backend, sampler, 0, self.tokens)
         trajs = PlainRolloutStrategy(rollout=rollout).collect(self.problems, ctx, sampler, self.seed)
         prompt_of = np.array([t.group_id for t in trajs])
         delim = tokenizer.encode(rollout.delimiter, add_special_tokens=False)
@@ -323,7 +331,7 @@ class Bench:
             (est_cls, est_cfg), (seg_cls, seg_cfg) = checked["advantage"], checked["segmenter"]
             estimator, segmenter = est_cls(est_cfg), seg_cls(seg_cfg, tokenizer=tokenizer)
             sampler.take_generated_tokens()
-            ctx = self.handle(self.model, tokenizer, backend, sampler, 1)
+            ctx = self.handle(self.model, tokenizer, backend, sampler, 1, self.tokens)
             device = next(self.model.parameters()).device  # as in training: the batch on the policy's device
             batch = collate(trajs, tokenizer.pad_token_id, self.checked["rollout"].truncation, device)
             batch = with_segments(batch, segmenter.segment(batch))
@@ -370,7 +378,7 @@ class Bench:
             sel_cls, sel_cfg = self.selectors[name]["reset_selector"]
             selector = sel_cls(sel_cfg)
             sampler.take_generated_tokens()
-            ctx = self.handle(self.model, tokenizer, backend, sampler, 2)
+            ctx = self.handle(self.model, tokenizer, backend, sampler, 2, self.tokens)
             t0 = time.perf_counter()
             points = selector.select_many([trajs[i] for i in rows], [spans[i] for i in rows], ctx)
             seconds = time.perf_counter() - t0

@@ -50,7 +50,18 @@ class PolicyHandle(abc.ABC):
     """What a part may ask of the current policy, without knowing Lightning or the backend.
 
     Devices: the tensor methods take their inputs on any device (the handle moves them to the
-    policy's once) and answer on the policy's device."""
+    policy's once) and answer on the policy's device.
+
+    Attributes:
+        micro_batch_size: Rows a forward through the model may take at once (0: no bound).
+        micro_batch_tokens: Padded tokens (rows x width) a forward with autograd through the
+            model may take at once: the run's ``loss.micro_batch_tokens``, ``auto`` resolved
+            (0: no bound). A part that differentiates through the model over many rows (OAR-G)
+            chunks its rows by both, as the update does.
+    """
+
+    micro_batch_size: int = 0
+    micro_batch_tokens: int = 0
 
     @property
     @abc.abstractmethod

@@ -191,7 +191,7 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     dims = StepDims(shape, rows, rollout.group_size, prompt, T, w, a, kept + norm + a * H, fused,
                     loss.micro_batch_size, segments_bound(str(OmegaConf.select(cfg, "segmenter.name", default="whole")),
                                                           seg_config, T, rollout.thoughts, rollout.max_thoughts),
-                    lambda g, context: generation(g, context))
+                    lambda g, context: generation(g, context), tokens=token_budget)
     name = str(OmegaConf.select(cfg, "advantage.name", default="grpo"))
     own = estimator_parts(name, checked["advantage"][1], dims)
     if own is None:
@@ -271,12 +271,14 @@ def auto_token_budget(cfg: DictConfig, checked: dict[str, Any], config: Any, tok
 
 
 def bench_plan(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int, prompts: int,
-               estimators: dict[str, tuple[Any, str, Any]]) -> tuple[dict[str, float], list[str]]:
+               estimators: dict[str, tuple[Any, str, Any]],
+               memory: tuple[int, str] | None = None) -> tuple[dict[str, float], list[str]]:
     """credit-bench's phases (:func:`~creditlab.run.memory_phases.bench_phases`) for ``prompts``
     prompts: ``cfg`` / ``checked`` the bench's composed run, ``estimators`` name -> (advantage
-    config, segmenter name, segmenter config)."""
+    config, segmenter name, segmenter config), the handle's token budget the one the bench
+    resolves for ``memory`` (:func:`sized_plan`; None: planned as 0)."""
     run, rollout, loss = checked["run"], checked["rollout"], checked["loss"]
-    plan = estimate(cfg, checked, shape, prompt, prompt, 1, 0)
+    plan = sized_plan(cfg, checked, shape, prompt, prompt, 1, memory)[0]
     rows = prompts * rollout.group_size
     dims = replace(plan.dims, rows=rows, micro=loss.micro_batch_size or run.prompts_per_step * rollout.group_size)
     per = {name: (config, replace(dims, segments=segments_bound(seg, seg_cfg, dims.T, rollout.thoughts,

@@ -66,6 +66,8 @@ class StepDims:
         segments: ``S - 1``, segments per response at most (the segmenter's bound).
         generation: ``(rows, context) -> (decoding and prefill tensors, KV cache)`` of the run.
         answer: Answer tokens a read-out assumes at most.
+        tokens: The handle's padded tokens per forward with autograd (the resolved
+            ``loss.micro_batch_tokens``; 0 = no bound).
     """
 
     shape: Shape
@@ -81,6 +83,7 @@ class StepDims:
     segments: int
     generation: Callable[[int, int], tuple[float, float]]
     answer: int = 16
+    tokens: int = 0
 
     @property
     def kv(self) -> int:

@@ -181,7 +181,7 @@ class CreditAssignmentModule(EvaluationHooks, PolicyUpdate, L.LightningModule):
             self.policy, self.tokenizer, self.parts.backend, rng,
             self.rollout_cfg.temperature, self.loss_cfg.micro_batch_size,
             rollout_fn=self.parts.sampler, chat_template=self.rollout_cfg.chat_template,
-            fused_head=self.loss_cfg.fused_head,
+            fused_head=self.loss_cfg.fused_head, micro_batch_tokens=self.loss_cfg.token_budget,
         )
 
     # -- the RL step -----------------------------------------------------------------------------

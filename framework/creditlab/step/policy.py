@@ -99,6 +99,8 @@ class ModelPolicyHandle(PolicyHandle):
         rng: The step's generator.
         temperature: Sampling temperature of training rollouts (log-probs use it).
         micro_batch_size: Rows per forward pass in :meth:`logprobs` (0 = all at once).
+        micro_batch_tokens: Padded tokens per forward with autograd (``loss.micro_batch_tokens``
+            resolved; 0 = no bound), for the parts that chunk :meth:`input_gradients` by it.
         rollout_fn: The run's :data:`~creditlab.interfaces.SampleFn` (its
             :class:`~creditlab.step.rollout.RolloutSampler`), behind :meth:`rollouts`.
         chat_template: How :meth:`encode` encodes problem prompts (``rollout.chat_template``:
@@ -122,6 +124,7 @@ class ModelPolicyHandle(PolicyHandle):
         rollout_fn: Any = None,
         chat_template: bool | str = "auto",
         fused_head: str = "auto",
+        micro_batch_tokens: int = 0,
     ) -> None:
         self.model = model
         self.fused_head = fused_head
@@ -133,6 +136,7 @@ class ModelPolicyHandle(PolicyHandle):
         self._rng = rng
         self.temperature = temperature if temperature > 0 else 1.0
         self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
 
     @property
     def tokenizer(self) -> Any:
