@@ -61,9 +61,9 @@ class Bench:
         self.task, self.rollout_cfg = parts["task"], base["rollout"]
         self.strategy = parts["rollout"]
         self.sampler = RolloutSampler(base["rollout"], parts["backend"], parts["verifier"])
-        self.handle = lambda seed: ModelPolicyHandle(
+        self.handle = lambda seed, tokens=0: ModelPolicyHandle(
             self.model, self.tokenizer, parts["backend"], torch.Generator().manual_seed(seed),
-            self.rollout_cfg.temperature, 0, rollout_fn=self.sampler,
+            self.rollout_cfg.temperature, 0, rollout_fn=self.sampler, micro_batch_tokens=tokens,
         )
         self.methods: dict[str, dict[str, Any]] = {}
         train, test = list(self.task.load("train")), list(self.task.load("test"))
@@ -98,7 +98,7 @@ class Bench:
         self.model.load_state_dict(self.initial)
         t0 = time.perf_counter()
         batch = with_segments(rollout, parts["segmenter"].segment(rollout))
-        adv = parts["advantage"].estimate(batch, self.handle(seed)).values
+        adv = parts["advantage"].estimate(batch, self.handle(seed, parts["loss"].token_budget)).values
         t1 = time.perf_counter()
         self.update(batch, adv, parts["loss"])
         return t1 - t0, time.perf_counter() - t1
@@ -119,7 +119,7 @@ class Bench:
         p = rollout.prompt_len
         temperature = self.rollout_cfg.temperature or 1.0
         for rows in pack_rows(torch.arange(rollout.size), prompt, response, cfg.micro_batch_size,
-                              cfg.token_budget):
+                              cfg.token_budget, rollout.prompt_keys):
             start, t = columns(p, prompt[rows], response[rows])
             lp, _ = response_logprobs(
                 self.model, rollout.input_ids[rows, start : p + t], rollout.attention_mask[rows, start : p + t],

@@ -47,6 +47,15 @@ def test_pack_rows_by_hand():
     # responses first: a long prompt with a short response waits behind a long response
     p2, r2 = torch.tensor([9, 1, 1]), torch.tensor([1, 5, 4])  # totals 10, 6, 5
     assert [c.tolist() for c in pack_rows(rows[:3], p2, r2, 0, 12)] == [[11, 12], [10]]
+    # shared prompts (each distinct prompt runs once a micro-batch, plus MICRO_BATCH_COST = 16 a
+    # micro-batch): four rows of prompt 10, responses 8, 7, 2, 1, at most three a micro-batch (budget
+    # 54). All prompts distinct: [a, b] [c, d] computes 2 x 10 + 2 x 8 + 16 + 2 x 10 + 2 x 2 + 16 = 92
+    # ([a, b, c] [d] 70 + 27 = 97). When a and c share a prompt, b and d another: [a, b, c] runs two
+    # prompts, 2 x 10 + 3 x 8 + 16 = 60, and [d] 27: 87 against [a, b] [c, d]'s 92.
+    p4, r4 = torch.full((4,), 10), torch.tensor([8, 7, 2, 1])
+    assert [c.tolist() for c in pack_rows(rows[:4], p4, r4, 0, 54)] == [[10, 11], [12, 13]]
+    shared = pack_rows(rows[:4], p4, r4, 0, 54, prompt_keys=torch.tensor([0, 1, 0, 1]))
+    assert [c.tolist() for c in shared] == [[10, 11, 12], [13]]
     assert columns(6, torch.tensor([2, 4]), torch.tensor([3, 1])) == (2, 3)
     assert columns(6, torch.tensor([2]), torch.tensor([0])) == (4, 1)  # at least one position
 
@@ -120,29 +129,31 @@ def test_micro_batch_columns_cut_only_padding():
 
 def test_partition_is_the_best_contiguous_cut_by_brute_force():
     """Random small mini-batches: the cut equals the best of every cut of the sorted rows into
-    contiguous runs that fit (fewest micro-batches, then fewest response positions)."""
+    contiguous runs that fit (fewest positions computed, each distinct prompt once a run, plus
+    MICRO_BATCH_COST a run; then fewest micro-batches)."""
     import itertools
 
-    from creditlab.step.packing import _partition
+    from creditlab.step.packing import MICRO_BATCH_COST, _partition
 
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
         n = int(torch.randint(1, 8, (1,), generator=g))
-        r = sorted(torch.randint(0, 12, (n,), generator=g).tolist(), reverse=True)
-        p = torch.randint(1, 6, (n,), generator=g).tolist()
-        budget, max_rows = int(torch.randint(4, 60, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
+        r = sorted(torch.randint(0, 40, (n,), generator=g).tolist(), reverse=True)
+        p = torch.randint(1, 30, (n,), generator=g).tolist()
+        keys = torch.randint(0, 3, (n,), generator=g).tolist()
+        budget, max_rows = int(torch.randint(20, 300, (1,), generator=g)), int(torch.randint(0, 4, (1,), generator=g))
 
         def fits(a, b):
             size = b - a
             return size == 1 or (size * (max(p[a:b]) + r[a]) <= budget and not 0 < max_rows < size)
 
-        best = None
-        for k in range(n):
-            for inner in itertools.combinations(range(1, n), k):
-                cuts = [0, *inner, n]
-                if all(fits(a, b) for a, b in zip(cuts, cuts[1:])):
-                    key = (len(cuts) - 1, sum((b - a) * r[a] for a, b in zip(cuts, cuts[1:])))
-                    best = min(best, key) if best else key
-        got = _partition(p, r, max_rows, budget)
+        def cost(cuts):
+            runs = list(zip(cuts, cuts[1:]))
+            positions = sum(len(set(keys[a:b])) * max(p[a:b]) + (b - a) * r[a] + MICRO_BATCH_COST for a, b in runs)
+            return positions, len(runs)
+
+        best = min(cost([0, *inner, n]) for k in range(n) for inner in itertools.combinations(range(1, n), k)
+                   if all(fits(a, b) for a, b in zip([0, *inner], [*inner, n])))
+        got = _partition(p, r, keys, max_rows, budget)
         assert got[0] == 0 and got[-1] == n
-        assert (len(got) - 1, sum((b - a) * r[a] for a, b in zip(got, got[1:]))) == best
+        assert cost(got) == best

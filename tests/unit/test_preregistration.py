@@ -103,3 +103,12 @@ def test_a_run_from_before_the_key_resumes_but_a_changed_declaration_does_not():
     assert config_differences(old, {**old, "preregistration": None}) == []
     changed = config_differences(old, {**old, "preregistration": {"metric": "eval/pass@1"}})
     assert changed == ["preregistration.metric: (missing) -> eval/pass@1"]
+
+
+def test_a_run_from_before_auto_packing_resumes():
+    """The update's memory layout keys change float rounding only (the packed, fused update equals
+    the whole batch's): a run written with micro_batch_tokens 0, or before the key, resumes."""
+    old = {"seed": 0, "loss": {"micro_batch_size": 0, "kl_coef": 0.0}}
+    new = {"seed": 0, "loss": {"micro_batch_size": 16, "micro_batch_tokens": "auto", "fused_head": "auto", "kl_coef": 0.0}}
+    assert config_differences(old, new) == []
+    assert config_differences(old, {**new, "loss": {**new["loss"], "kl_coef": 0.1}}) == ["loss.kl_coef: 0.0 -> 0.1"]

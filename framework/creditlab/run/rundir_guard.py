@@ -36,12 +36,16 @@ LOCK_FILE = ".lock"
 #: (randomness is a function of the RL step, not of the checkpoints); ``logger`` and ``tags`` where
 #: metrics are reported; the ``trainer`` display keys what the console shows. ``threads`` is a
 #: machine's resource, like the machine itself: another thread count may change float rounding as
-#: moving to another machine does, never the method. Anything else (seed, method, parts, rollout,
-#: loss, optimizer, model, eval, batch sizes, precision, devices) needs ``resume_mismatch=allow``.
+#: moving to another machine does, never the method. So are the update's memory layout keys
+#: ``loss.micro_batch_size``, ``loss.micro_batch_tokens`` (``auto`` resolves from the machine's
+#: memory anyway) and ``loss.fused_head``: the packed, fused update equals the whole-batch one up
+#: to float rounding (tests/unit/test_packing.py, test_token_logprobs.py), so runs from before
+#: ``auto`` resume. Anything else (seed, method, parts, rollout, the loss itself, optimizer, model,
+#: eval, batch sizes, precision, devices) needs ``resume_mismatch=allow``.
 RESUME_FREE_KEYS = (
     "trainer.max_steps", "run_dir", "resume", "resume_mismatch", "checkpoint_every", "threads",
     "logger", "tags", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-    "trainer.log_every_n_steps",
+    "trainer.log_every_n_steps", "loss.micro_batch_size", "loss.micro_batch_tokens", "loss.fused_head",
 )
 #: Keys added to ``conf/train.yaml`` after runs existed, with the value a ``config.yaml`` written
 #: before them means by leaving them out (a resume of such a run sees no difference).

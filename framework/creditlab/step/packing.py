@@ -22,9 +22,16 @@ import torch
 __all__ = ["columns", "pack_rows"]
 
 
+#: The fixed cost of one more micro-batch (the layers' launches, the optimizer-free part of a
+#: forward and backward that does not scale with tokens), in response positions: what a cut must
+#: save to be worth it. Measured on SmolLM2-135M on a 2-core CPU (benchmarks/README.md, "Update
+#: packing"); a small number only keeps the packing from cutting for a token or two.
+MICRO_BATCH_COST = 16
+
+
 def pack_rows(
     rows: torch.Tensor, prompt_lens: torch.Tensor, response_lens: torch.Tensor,
-    max_rows: int = 0, max_tokens: int = 0,
+    max_rows: int = 0, max_tokens: int = 0, prompt_keys: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """The micro-batches of a mini-batch's ``rows``.
 
@@ -35,13 +42,14 @@ def pack_rows(
         max_rows: Rows per micro-batch at most (0: no limit).
         max_tokens: Padded tokens per micro-batch at most, ``rows x (longest prompt + longest
             response)`` (0: no token budget). A row longer than the budget goes alone.
+        prompt_keys: (n,) long, equal for rows with the same prompt (a micro-batch runs each
+            distinct prompt once), or None: every prompt distinct.
 
     Returns:
         Non-empty (b,) index tensors covering ``rows`` once each. Without a token budget:
         consecutive runs of ``max_rows`` in the given order (the whole mini-batch when
         ``max_rows`` is 0). With one: the rows sorted longest response first (then longest
-        prompt; stable) and cut into the fewest micro-batches that fit, and among those the cut
-        that computes the fewest padded response positions (:func:`_partition`);
+        prompt; stable) and cut where the positions computed are fewest (:func:`_partition`);
         when they all fit in one micro-batch, that micro-batch keeps the given order.
     """
     n = len(rows)
@@ -52,30 +60,34 @@ def pack_rows(
     p, r = prompt_lens.long().tolist(), response_lens.long().tolist()
     if n * (max(p) + max(r)) <= max_tokens and (max_rows <= 0 or n <= max_rows):
         return [rows]
+    keys = list(range(n)) if prompt_keys is None else prompt_keys.long().tolist()
     # by response length, then prompt length (stable: ties keep the drawn order): a micro-batch's
-    # padded response positions are what the head and the backward pay for; prompts are shared
+    # padded response positions are what the head and the backward pay for
     order = sorted(range(n), key=lambda i: (-r[i], -p[i]))
-    cuts = _partition([p[i] for i in order], [r[i] for i in order], max_rows, max_tokens)
+    cuts = _partition([p[i] for i in order], [r[i] for i in order], [keys[i] for i in order], max_rows, max_tokens)
     return [rows[order[a:b]] for a, b in zip(cuts, cuts[1:])]
 
 
-def _partition(p: list[int], r: list[int], max_rows: int, max_tokens: int) -> list[int]:
+def _partition(p: list[int], r: list[int], keys: list[int], max_rows: int, max_tokens: int) -> list[int]:
     """Cut points ``0 = c_0 < ... < c_k = n`` of rows sorted by response length (``r``
-    non-increasing): the fewest micro-batches whose padded tokens ``size x (longest prompt +
-    longest response)`` stay within ``max_tokens`` (a single row always goes), and among those
-    the ones that compute the fewest response positions ``sum size x longest response``. Dynamic
-    programming over contiguous runs of the sorted rows, each run grown backwards until it no
-    longer fits (its size and both lengths only grow)."""
+    non-increasing) into micro-batches whose padded tokens ``size x (longest prompt + longest
+    response)`` stay within ``max_tokens`` (a single row always goes), computing the fewest
+    positions: each distinct prompt (``keys``) once at the run's longest prompt, each row at the
+    run's longest response, plus :data:`MICRO_BATCH_COST` a micro-batch; ties go to fewer
+    micro-batches. Dynamic programming over contiguous runs of the sorted rows, each run grown
+    backwards until it no longer fits (its size and both lengths only grow)."""
     n = len(r)
-    best: list[tuple[int, int]] = [(0, 0)] + [(n + 1, 0)] * n  # (micro-batches, response positions)
+    best: list[tuple[int, int]] = [(0, 0)] + [(2**62, 0)] * n  # (positions + cost, micro-batches)
     back = [0] * (n + 1)
     for i in range(1, n + 1):  # the last run is rows [j, i)
-        longest_prompt = 0
+        longest_prompt, prompts = 0, set()
         for j in range(i - 1, -1, -1):
             longest_prompt, size = max(longest_prompt, p[j]), i - j
+            prompts.add(keys[j])
             if size > 1 and (size * (longest_prompt + r[j]) > max_tokens or 0 < max_rows < size):
                 break
-            cand = (best[j][0] + 1, best[j][1] + size * r[j])
+            positions = len(prompts) * longest_prompt + size * r[j] + MICRO_BATCH_COST
+            cand = (best[j][0] + positions, best[j][1] + 1)
             if cand < best[i]:
                 best[i], back[i] = cand, j
     cuts = [n]

@@ -138,7 +138,8 @@ class PolicyUpdate:
         prompt, response = rollout.row_lengths
         cfg = self.loss_cfg
         at = rows.cpu()
-        return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.token_budget)
+        return pack_rows(rows, prompt[at], response[at], cfg.micro_batch_size, cfg.token_budget,
+                         rollout.prompt_keys[at] if cfg.token_budget else None)
 
     def columns(self, rollout: RolloutBatch, rows: torch.Tensor) -> tuple[int, int]:
         """``(start, t)``: the input columns ``[start, P + t)`` and response positions ``[0, t)``

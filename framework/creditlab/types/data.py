@@ -217,6 +217,14 @@ class RolloutBatch:
         p = self.prompt_len
         return self.attention_mask[:, :p].sum(1).cpu(), self.response_mask.sum(1).cpu()
 
+    @cached_property
+    def prompt_keys(self) -> torch.Tensor:
+        """(B,) long on the CPU, equal for rows whose prompts (tokens and padding) are equal: the
+        rows a forward can run one prompt for (computed once per batch)."""
+        p = self.prompt_len
+        key = torch.cat([self.input_ids[:, :p], self.attention_mask[:, :p].to(self.input_ids.dtype)], 1)
+        return torch.unique(key.cpu(), dim=0, return_inverse=True)[1]
+
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The batch with every tensor on ``device`` (itself when they are there already)."""
         device = torch.device(device)
