@@ -278,11 +278,15 @@ def run_trl(args, ckpt: str, rec: Recorder, info: dict) -> None:
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     batch = args.prompts * args.generations
+    micro = args.trl_micro_batch or batch  # rows per forward/backward; the rest by gradient accumulation
+    if batch % micro:
+        raise SystemExit(f"--trl-micro-batch {micro} must divide the batch's {batch} rows")
+    info["trl_micro_batch"] = f"{micro} rows x {batch // micro} accumulation steps"
     total = args.warmup + args.steps
     config_kwargs = dict(
         output_dir=str(Path(args.workdir) / "trl"),
         use_cpu=args.device == "cpu", bf16=args.dtype == "bf16", fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
         generation_batch_size=batch, num_generations=args.generations,
         max_completion_length=new_tokens, num_iterations=1, beta=0.0,
         temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
@@ -342,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch-tokens", type=int, default=0,
                     help="creditlab's loss.micro_batch_tokens (0: the whole batch at once; a run's default, "
                          "auto, is sized by the memory plan: 2048 for SmolLM2 at 8 x 8 x 128 on a 24 GiB machine)")
+    ap.add_argument("--trl-micro-batch", type=int, default=0,
+                    help="TRL's rows per forward/backward (per_device_train_batch_size, the rest by "
+                         "gradient_accumulation_steps; 0: the whole batch at once). TRL's own memory bound, "
+                         "beside creditlab's --micro-batch-tokens: one optimizer step per batch either way")
     ap.add_argument("--adamw", choices=("fused", "plain"), default="fused",
                     help="torch AdamW implementation on both sides: fused (transformers' default "
                          "optim 'adamw_torch_fused' for torch>=2.8) or plain ('adamw_torch')")

@@ -114,3 +114,19 @@ def test_oar_importance_is_the_same_with_the_head_fused(cls, options):
            for fused in ("on", "off")]
     assert got[0][1].equal(got[1][1]) and got[0][1].any()
     torch.testing.assert_close(got[0][0], got[1][0], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_the_no_grad_methods_keep_no_graph_under_a_trainable_model(fused):
+    """logprobs, branch_logprobs, read_logits and branch_read_logits are no-grad whatever the
+    caller's grad mode: a graph over every branch would keep the activations of a training step
+    (credit-bench's RREDCoT once did, through branch_logprobs)."""
+    model, _ = MODELS["llama-gqa"]()
+    assert all(p.requires_grad for p in model.parameters())
+    ids, mask, rows, at, branch_ids, branch_mask = _case(model.config.vocab_size, seed=2)
+    handle = _handle(model, fused)
+    with torch.enable_grad():
+        outs = [handle.logprobs(ids, mask), handle.branch_logprobs(ids, mask, rows, at, branch_ids, branch_mask),
+                handle.read_logits(ids, mask, _read(mask)),
+                handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, branch_mask.bool())]
+    assert [o.requires_grad for o in outs] == [False] * 4

@@ -176,6 +176,7 @@ class ModelPolicyHandle(PolicyHandle):
                     hidden, head[1], head[2], ids[:, 1:], want[s : s + step, 1:], self.temperature)[0]
         return out * want
 
+    @torch.no_grad()
     def branch_logprobs(
         self,
         input_ids: torch.Tensor,
