@@ -22,11 +22,13 @@ import torch
 __all__ = ["columns", "pack_rows"]
 
 
-#: The fixed cost of one more micro-batch (the layers' launches, the optimizer-free part of a
-#: forward and backward that does not scale with tokens), in response positions: what a cut must
-#: save to be worth it. Measured on SmolLM2-135M on a 2-core CPU (benchmarks/README.md, "Update
-#: packing"); a small number only keeps the packing from cutting for a token or two.
-MICRO_BATCH_COST = 16
+#: The fixed cost of one more micro-batch (the layers' launches, whatever of a forward and
+#: backward does not scale with tokens), in positions: what a cut must save to be worth it. 0,
+#: measured: on SmolLM2-135M on a 2-core CPU, 15 micro-batches of one batch updated no slower
+#: than the 5 of the fewest that fit (38.6 against 40.3 s, within noise; benchmarks/README.md,
+#: "update_packing.py"). Ties go to fewer micro-batches. A device with a larger fixed cost per
+#: call (a GPU's kernel launches) would want more.
+MICRO_BATCH_COST = 0
 
 
 def pack_rows(
