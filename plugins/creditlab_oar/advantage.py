@@ -452,8 +452,10 @@ class OARGAdvantage(_OARAdvantage):
 
             self._add("probe_forwards", len(sub))
             self._add("probe_tokens", float(att.sum()))
+            # the prompts carry no noise and no read-out: the handle may run each once, no grad
             emb, grad = ctx.input_gradients(ids, att, objective, embedding_offset=noise,
-                                            read=read_mask(sub, ids.shape[1]))
+                                            read=read_mask(sub, ids.shape[1]),
+                                            frozen=min(p.reasoning_start for p in sub))
             saliency = (grad.double() * emb.double()).sum(-1).abs().cpu()  # (N, L), E clean
             for k, (j, p) in enumerate(zip(live, sub)):
                 scores[j] = saliency[k, p.reasoning_start + p.scored]

@@ -130,3 +130,47 @@ def test_the_no_grad_methods_keep_no_graph_under_a_trainable_model(fused):
                 handle.read_logits(ids, mask, _read(mask)),
                 handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, branch_mask.bool())]
     assert [o.requires_grad for o in outs] == [False] * 4
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-tied"])
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_input_gradients_with_a_frozen_prefix_run_it_once_and_agree(name, fused):
+    """``frozen``: rows whose first columns repeat (a shared prompt) run them once without grad
+    and continue from the cache; the gradient elsewhere and the read logits equal the plain pass,
+    the frozen columns' gradient is 0, and a bad ``frozen`` is a clear error."""
+    from creditlab.step.forward import prefix_cache
+
+    model, _ = MODELS[name]()
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(3, model.config.vocab_size, (2, 4), generator=g)  # two prompts, 4 tokens
+    ids = torch.randint(3, model.config.vocab_size, (5, 11), generator=g)
+    ids[:, :4] = prompt[torch.tensor([0, 0, 1, 0, 1])]
+    mask = torch.ones_like(ids)
+    mask[1, 8:], mask[4, 6:] = 0, 0  # right padding
+    read = torch.zeros_like(mask, dtype=torch.bool)
+    read[:, 5], read[0, 9], read[2, 10] = True, True, True
+    offset = 1e-2 * torch.randn((*ids.shape, model.config.hidden_size), generator=torch.Generator().manual_seed(1))
+    offset[:, :4] = 0
+    weights = torch.randn((int(read.sum()), model.config.vocab_size), generator=torch.Generator().manual_seed(0))
+    handle = _handle(model, fused)
+    assert prefix_cache(model, ids[:, :4], mask[:, :4]) is not None  # the cached path runs here
+    seen = []
+
+    def objective(e, z):
+        seen.append(z.detach())
+        return (z.log_softmax(-1) * weights).sum()
+
+    emb, grad = handle.input_gradients(ids, mask, objective, embedding_offset=offset, read=read, frozen=4)
+    emb_ref, grad_ref = handle.input_gradients(ids, mask, objective, embedding_offset=offset, read=read)
+    torch.testing.assert_close(emb, emb_ref)
+    torch.testing.assert_close(seen[0], seen[1], atol=1e-5, rtol=1e-5)
+    assert (grad[:, :4] == 0).all() and grad[:, 4:].abs().max() > 0
+    torch.testing.assert_close(grad[:, 4:], grad_ref[:, 4:], atol=1e-6, rtol=1e-4)
+    bad_offset = offset.clone()
+    bad_offset[0, 1] = 1.0
+    for kwargs, message in (({"frozen": 12}, "frozen must be in"), ({"frozen": 7}, "must be real tokens"),
+                            ({"frozen": 6, "embedding_offset": None}, "nothing may be read"),
+                            ({"frozen": 4, "embedding_offset": bad_offset}, "embedding_offset must be 0")):
+        kwargs = {"embedding_offset": offset, "read": read, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            handle.input_gradients(ids, mask, objective, **kwargs)

@@ -172,10 +172,10 @@ class CountingHandle(ModelPolicyHandle):
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
         return super().branch_read_logits(input_ids, attention_mask, rows, at, branch_ids, branch_mask, read, chunk=chunk)
 
-    def input_gradients(self, input_ids, attention_mask, objective, *, embedding_offset=None, read=None):  # type: ignore[no-untyped-def]
+    def input_gradients(self, input_ids, attention_mask, objective, *, embedding_offset=None, read=None, frozen=0):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask.sum())
         return super().input_gradients(
-            input_ids, attention_mask, objective, embedding_offset=embedding_offset, read=read)
+            input_ids, attention_mask, objective, embedding_offset=embedding_offset, read=read, frozen=frozen)
 
 
 def per_thought(adv: torch.Tensor, mask: torch.Tensor, spans: Spans) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ against its fields; an unknown key is an error) and ``metrics()`` logged as
 :mod:`creditlab.registry`, never ``_target_``.
 """
 
-from creditlab.interfaces.handle import PolicyHandle, offset_embeddings
+from creditlab.interfaces.handle import PolicyHandle, check_frozen, offset_embeddings
 from creditlab.interfaces.parts import (
     INTERFACES,
     AdvantageEstimator,
@@ -25,7 +25,7 @@ from creditlab.interfaces.parts import (
 )
 
 __all__ = [
-    "SampleFn", "EmptyConfig", "Part", "offset_embeddings", "PolicyHandle", "Task",
+    "SampleFn", "EmptyConfig", "Part", "check_frozen", "offset_embeddings", "PolicyHandle", "Task",
     "GenerationBackend", "Verifier", "Segmenter", "ResetSelector", "RolloutStrategy",
     "AdvantageEstimator", "INTERFACES",
 ]

@@ -30,6 +30,25 @@ def offset_embeddings(embeddings: torch.Tensor, offset: torch.Tensor | None) -> 
     return embeddings + offset.detach().to(embeddings)
 
 
+def check_frozen(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, frozen: int, offset: torch.Tensor | None,
+    read: torch.Tensor | None,
+) -> None:
+    """Raise ``ValueError`` unless ``frozen`` columns can be left out of
+    :meth:`PolicyHandle.input_gradients`' gradient: ``0 <= frozen <= L``, and in those columns
+    every token real, no offset and nothing read."""
+    if not 0 <= frozen <= input_ids.shape[1]:
+        raise ValueError(f"frozen must be in [0, {input_ids.shape[1]}] (the row width); got {frozen}")
+    if not frozen:
+        return
+    if not bool((attention_mask[:, :frozen] > 0).all()):
+        raise ValueError(f"frozen={frozen}: the first {frozen} columns must be real tokens in every row")
+    if offset is not None and bool(offset[:, :frozen].any()):
+        raise ValueError(f"frozen={frozen}: embedding_offset must be 0 in the first {frozen} columns")
+    if read is not None and bool(read[:, :frozen].any()):
+        raise ValueError(f"frozen={frozen}: nothing may be read in the first {frozen} columns")
+
+
 def branch_sequences(
     input_ids: torch.Tensor, rows: torch.Tensor, at: torch.Tensor, branch_ids: torch.Tensor,
     branch_mask: torch.Tensor,
@@ -203,6 +222,7 @@ class PolicyHandle(abc.ABC):
         *,
         embedding_offset: torch.Tensor | None = None,
         read: torch.Tensor | None = None,
+        frozen: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradient of a scalar objective with respect to the input embeddings.
 
@@ -223,13 +243,18 @@ class PolicyHandle(abc.ABC):
             read: Optional (B, L) bool: hand the objective only these positions' logits, (K, V)
                 with K = ``read.sum()`` (a handle holding a large-vocabulary model then never
                 computes the others). ``None``: every position's, (B, L, V).
+            frozen: The first ``frozen`` columns (real tokens in every row, no offset, nothing
+                read there) whose gradient the caller does not need: it is returned as 0, and a
+                handle holding the model may run each distinct prefix once, without grad, and
+                continue from its KV cache (e.g. a prompt shared by many rows). 0: none.
 
         Returns:
             ``(embeddings, gradients)``, both (B, L, D), detached: the clean ``E`` and
-            ``d objective / dE``.
+            ``d objective / dE`` (0 in the ``frozen`` columns).
 
         Raises:
-            ValueError: ``embedding_offset`` is not of shape (B, L, D).
+            ValueError: ``embedding_offset`` is not of shape (B, L, D), or ``frozen`` breaks
+                its conditions (:func:`check_frozen`).
         """
 
     @abc.abstractmethod

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - older transformers: no sharing, plain 
 
 __all__ = [
     "CACHE_KEY", "accepts_logits_to_keep", "branch_logits", "cache_of", "dynamic_rope", "keep_last",
-    "position_ids", "response_hidden", "response_logits", "unique_rows",
+    "position_ids", "prefix_cache", "response_hidden", "response_logits", "unique_rows",
 ]
 
 #: The keyword a model's forward takes its KV cache by, which is also the field of the output that
@@ -285,6 +285,27 @@ def _select_cache(cache: Any, index: torch.Tensor, columns: int | None = None) -
         keys, values = layer.keys[:, :, :columns], layer.values[:, :, :columns]
         out.update(keys.index_select(0, index), values.index_select(0, index), i)
     return out
+
+
+def prefix_cache(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder: Any = None) -> Any | None:
+    """The KV cache of every row's (B, s) prefix, each distinct prefix run once without grad and
+    gathered to its rows (a new ``DynamicCache``), to continue with grad from column ``s``; or
+    ``None`` when no prefix repeats or the cache cannot be shared (as :func:`response_logits`
+    decides: dynamic RoPE, gradient checkpointing, active dropout, another cache type). Runs
+    ``decoder`` (the model's decoder stack) when given, so no head is computed."""
+    if input_ids.shape[0] < 2 or input_ids.shape[1] < 1 or dynamic_rope(model) or _unshareable_mode(model):
+        return None
+    first, inverse = unique_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
+    cache = _shared_prompt_cache(model) if len(first) < input_ids.shape[0] else None
+    if cache is None:
+        return None
+    mask = attention_mask[first]
+    last = {} if decoder is not None else {"logits_to_keep": keep_last(1, input_ids.device)}
+    with torch.no_grad():
+        (model if decoder is None else decoder)(input_ids=input_ids[first], attention_mask=mask,
+                                                position_ids=position_ids(mask), use_cache=True,
+                                                **last, **{CACHE_KEY: cache})
+    return _select_cache(cache, inverse.to(input_ids.device))
 
 
 @torch.no_grad()

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from creditlab.errors import ConfigError
-from creditlab.interfaces import GenerationBackend, PolicyHandle, offset_embeddings
-from creditlab.step.forward import branch_logits, position_ids, response_hidden
+from creditlab.interfaces import GenerationBackend, PolicyHandle, check_frozen, offset_embeddings
+from creditlab.step.forward import CACHE_KEY, branch_logits, position_ids, prefix_cache, response_hidden
 from creditlab.step.losses import gather_logprobs
 from creditlab.step.token_logprobs import fused_head_of, select_logprobs
 from creditlab.types import Completion, GenerationRequest, Problem, SamplingParams, Trajectory
@@ -72,16 +72,22 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 def read_head(
     model: Any, fused: str, input_ids: torch.Tensor | None, attention_mask: torch.Tensor,
-    read: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+    read: torch.Tensor, inputs_embeds: torch.Tensor | None = None, cache: Any = None,
 ) -> torch.Tensor:
     """(K, V) logits at the K positions ``read`` (B, L) bool marks, row-major, in the model's
     dtype, differentiable when grad is on: the decoder's hidden states at those positions only
     through the LM head where it can be fused (``fused`` = ``loss.fused_head``,
     :func:`~creditlab.step.token_logprobs.fused_head_of`), else the full (B, L, V) logits indexed
-    once. Input: ``input_ids`` (B, L) or ``inputs_embeds`` (B, L, D)."""
+    once. Input: ``input_ids`` (B, L) or ``inputs_embeds`` (B, L, D); with ``cache`` (the KV of
+    the first ``s`` columns, :func:`~creditlab.step.forward.prefix_cache`) only columns ``s..``
+    of them and of ``read`` (the mask stays the whole rows')."""
     head = fused_head_of(model, fused)
     inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-    kwargs = {"attention_mask": attention_mask, "position_ids": position_ids(attention_mask), "use_cache": False}
+    pos = position_ids(attention_mask)
+    kwargs = {"attention_mask": attention_mask, "position_ids": pos, "use_cache": False}
+    if cache is not None:  # continue the prefix's cache from column s
+        s = attention_mask.shape[1] - next(iter(inputs.values())).shape[1]
+        kwargs = {"attention_mask": attention_mask, "position_ids": pos[:, s:], "use_cache": True, CACHE_KEY: cache}
     if head is None:
         return model(**inputs, **kwargs).logits[read]
     decoder, weight, bias = head
@@ -261,14 +267,27 @@ class ModelPolicyHandle(PolicyHandle):
         *,
         embedding_offset: torch.Tensor | None = None,
         read: torch.Tensor | None = None,
+        frozen: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ``frozen`` and ``read``: the first ``frozen`` columns run once per distinct prefix
+        without grad (:func:`~creditlab.step.forward.prefix_cache`) and the rest continue from
+        their cache, when the model allows it."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         if embedding_offset is not None:
             embedding_offset = embedding_offset.to(self.device)
+        check_frozen(input_ids, attention_mask, frozen, embedding_offset, read)
         embeddings = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             inputs = offset_embeddings(embeddings, embedding_offset)
-            if read is None:
+            head = fused_head_of(self.model, self.fused_head)
+            cache = None
+            if frozen > 0 and read is not None:
+                cache = prefix_cache(self.model, input_ids[:, :frozen], attention_mask[:, :frozen],
+                                     None if head is None else head[0])
+            if cache is not None:
+                logits = read_head(self.model, self.fused_head, None, attention_mask, read.to(self.device).bool()[:, frozen:],
+                                   inputs_embeds=inputs[:, frozen:], cache=cache)
+            elif read is None:
                 logits = self.model(
                     inputs_embeds=inputs, attention_mask=attention_mask,
                     position_ids=position_ids(attention_mask), use_cache=False,
@@ -278,6 +297,9 @@ class ModelPolicyHandle(PolicyHandle):
                                    read.to(self.device).bool(), inputs_embeds=inputs)
             value = objective(embeddings, logits)
             (grad,) = torch.autograd.grad(value, embeddings)
+        if frozen:
+            grad = grad.clone()  # the contract's 0, whichever path ran (a gradient may be an expanded view)
+            grad[:, :frozen] = 0
         return embeddings.detach(), grad.detach()
 
     def generate(

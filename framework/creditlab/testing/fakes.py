@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from creditlab.interfaces import PolicyHandle, offset_embeddings
+from creditlab.interfaces import PolicyHandle, check_frozen, offset_embeddings
 from creditlab.step.rollout import collate
 from creditlab.types import (
     Completion,
@@ -136,9 +136,11 @@ class FakePolicyHandle(PolicyHandle):
         *,
         embedding_offset: torch.Tensor | None = None,
         read: torch.Tensor | None = None,
+        frozen: int = 0,
     ):
         """Logits ``logits_fn(ids) + sum_d (E + embedding_offset)_d`` (at ``read`` only, when
-        given); gradient w.r.t. clean E."""
+        given); gradient w.r.t. clean E (0 in the ``frozen`` columns)."""
+        check_frozen(input_ids, attention_mask, frozen, embedding_offset, read)
         emb = self.embedding(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             inputs = offset_embeddings(emb, embedding_offset)
@@ -146,6 +148,9 @@ class FakePolicyHandle(PolicyHandle):
             if read is not None:
                 logits = logits[read.bool()]
             (grad,) = torch.autograd.grad(objective(emb, logits), emb)
+        if frozen:
+            grad = grad.clone()  # the gradient of a sum may be an expanded view
+            grad[:, :frozen] = 0
         return emb.detach(), grad.detach()
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParams) -> list[Completion]:
