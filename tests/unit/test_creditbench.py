@@ -250,3 +250,22 @@ def test_bench_forward_passes_take_at_most_a_training_steps_rows(micro, expected
     assert handle.micro_batch_size == expected
     assert handle.micro_batch_tokens == 0  # no budget unless the bench resolved one
     assert Bench.handle(fake, model, tok, None, None, 0, tokens=1792).micro_batch_tokens == 1792
+
+
+def test_the_bench_reads_each_parts_peak_memory():
+    """Each part's cost carries the process's peak resident memory while it ran (Linux's VmHWM,
+    reset before the part); the report's cost table shows it."""
+    import sys
+
+    from creditlab.run.memory_budget import peak_memory, reset_peak_memory
+
+    if not sys.platform.startswith("linux"):
+        assert peak_memory() == {}
+        return
+    reset_peak_memory()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    high = peak_memory()["peak_rss_gib"]
+    del block
+    reset_peak_memory()
+    low = peak_memory()["peak_rss_gib"]
+    assert 0 < low and high - low > 0.04  # the reset forgot the 64 MiB

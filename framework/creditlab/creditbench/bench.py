@@ -49,6 +49,7 @@ from creditlab.registry import REGISTRIES, conf_dirs
 from creditlab.run.compose import CONF_DIR, compose
 from creditlab.run.config import build_config, build_parts, validate
 from creditlab.run.memory import auto_token_budget
+from creditlab.run.memory_budget import peak_memory, reset_peak_memory
 from creditlab.run.models import load_policy
 from creditlab.step.generation import completion_spans, span_texts
 from creditlab.step.policy import ModelPolicyHandle
@@ -248,6 +249,7 @@ class Bench:
     def _run(self, progress: Callable[[int, int], None] | None) -> BenchResult:
         s, rollout = self.settings, self.checked["rollout"]
         t0 = time.perf_counter()
+        reset_peak_memory()
         model, tokenizer, model_path = load_policy(self.checked["model"], self.seed)
         self.model = model
         parts = build_parts(self.checked, model, tokenizer, task=self.task)
@@ -264,7 +266,8 @@ class Bench:
         self.say(f"[credit-bench] {len(trajs)} chains of {len(self.problems)} prompts; valuing every "
                  f"thought boundary with K = {s.k} continuations")
         truth, counts = compute_truth(trajs, prompt_of, spans, sampler, s.k, self.seed + 1, progress)
-        truth_cost = {"seconds": time.perf_counter() - t0, "generated_tokens": float(sampler.take_generated_tokens())}
+        truth_cost = {"seconds": time.perf_counter() - t0, "generated_tokens": float(sampler.take_generated_tokens()),
+                      **peak_memory()}
         noise_stats = noise(truth, counts["value_halves"])
         self.refuse_if_noisy(noise_stats)
 
@@ -335,6 +338,7 @@ class Bench:
             device = next(self.model.parameters()).device  # as in training: the batch on the policy's device
             batch = collate(trajs, tokenizer.pad_token_id, self.checked["rollout"].truncation, device)
             batch = with_segments(batch, segmenter.segment(batch))
+            reset_peak_memory()
             t0 = time.perf_counter()
             adv = estimator.estimate(batch, ctx).values.float().cpu()
             loss_mask = batch.loss_mask.cpu()
@@ -342,7 +346,7 @@ class Bench:
         except Exception as exc:  # noqa: BLE001 - one estimator's failure is reported, not fatal
             return EstimatorScores(name, error=f"{type(exc).__name__}: {exc}"), {}
         cost = {"seconds": seconds, "generated_tokens": float(sampler.take_generated_tokens() + ctx.generated_tokens),
-                "forward_tokens": float(ctx.forward_tokens)}
+                "forward_tokens": float(ctx.forward_tokens), **peak_memory()}
         scores: dict[str, Interval] = {}
         draws: dict[str, np.ndarray] = {}
         true_a = [c.advantages for c in truth]
@@ -379,6 +383,7 @@ class Bench:
             selector = sel_cls(sel_cfg)
             sampler.take_generated_tokens()
             ctx = self.handle(self.model, tokenizer, backend, sampler, 2, self.tokens)
+            reset_peak_memory()
             t0 = time.perf_counter()
             points = selector.select_many([trajs[i] for i in rows], [spans[i] for i in rows], ctx)
             seconds = time.perf_counter() - t0
@@ -394,5 +399,5 @@ class Bench:
             draws = np.array([weighted_mean(values, w[rows]) for w in weights])
             scores[key] = interval(draws[0], draws[1:])
         cost = {"seconds": seconds, "generated_tokens": float(sampler.take_generated_tokens() + ctx.generated_tokens),
-                "forward_tokens": float(ctx.forward_tokens)}
+                "forward_tokens": float(ctx.forward_tokens), **peak_memory()}
         return SelectorScores(name, scores, cost, chains=len(rows))

@@ -179,11 +179,11 @@ def selector_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
 def cost_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     def row(name: str, kind: str, c: dict[str, float]) -> list[str]:
         return [name, kind, _num(c.get("seconds"), 2), _num(c.get("generated_tokens"), 0),
-                _num(c.get("forward_tokens"), 0)]
+                _num(c.get("forward_tokens"), 0), _num(c.get("peak_rss_gib"), 2)]
     rows = [row("ground truth", "Monte-Carlo truth and groups", result.truth_cost)]
     rows += [row(e.name, "estimator", e.cost) for e in result.estimators]
     rows += [row(s.name, "selector", s.cost) for s in result.selectors]
-    return ["part", "kind", "seconds", "generated tokens", "forward tokens"], rows
+    return ["part", "kind", "seconds", "generated tokens", "forward tokens", "peak GiB"], rows
 
 
 def separation_items(result: BenchResult) -> list[str]:

@@ -35,7 +35,8 @@ class EstimatorScores:
         name: Its registry name.
         scores: ``"<score>/<reduction>"`` -> interval (keys from :data:`SCORES` x :data:`REDUCTIONS`).
         cost: ``seconds``, ``generated_tokens`` (sampled by the estimator itself),
-            ``forward_tokens`` (tokens through extra forward passes).
+            ``forward_tokens`` (tokens through extra forward passes), ``peak_rss_gib`` (the
+            process's peak resident memory while it ran, where the system tells: Linux).
         points: ``(true A_k, credit)`` per (chain, thought), mean reduction, for the scatter plot.
         error: Why it could not be scored (then ``scores`` is empty), else None.
     """
@@ -94,7 +95,8 @@ class BenchResult:
         separations: Adjacent pairs of the ranking.
         selectors: Ranked by ``exact`` (the share reset at the true most-negative step), best first;
             ones that failed last.
-        truth_cost: ``seconds`` and ``generated_tokens`` of the Monte-Carlo truth and the groups.
+        truth_cost: ``seconds``, ``generated_tokens`` and ``peak_rss_gib`` of the Monte-Carlo
+            truth and the groups.
     """
 
     settings: dict[str, Any]

@@ -118,3 +118,24 @@ def fit_notes(plan: Any, memory: int, what: str, lora: bool, checkpointing: bool
         out.append(f"does not fit: {phase} needs {need / GIB:.1f} GiB, {room / GIB:.1f} GiB usable of "
                    f"{memory / GIB:.1f} GiB ({what}); {fix}")
     return out
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak of this process's resident memory (Linux: ``/proc/self/clear_refs``
+    ``5`` resets ``VmHWM``); nothing elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_memory() -> dict[str, float]:
+    """``{"peak_rss_gib": ...}``: the process's peak resident memory since
+    :func:`reset_peak_memory` (``VmHWM``), or ``{}`` where the system does not tell."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return {"peak_rss_gib": int(line.split()[1]) / 2**20}
+    except OSError:
+        pass
+    return {}
