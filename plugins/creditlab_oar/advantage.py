@@ -283,8 +283,8 @@ class OARPAdvantage(_OARAdvantage):
 
     def _scores(self, probes: Sequence[Probe], ctx: PolicyHandle) -> list[torch.Tensor]:
         """The clean read-outs in chunks of probes, then every perturbed probe as a branch of its
-        clean probe: it continues the clean KV cache from the replaced token (``chunk_size``
-        branches a call; a chunk's trunks are the clean probes of its rows)."""
+        clean probe: it continues the clean KV cache from the replaced token (blocks of whole
+        probes, ``chunk_size`` branches a call; a block's trunks are the clean probes of its rows)."""
         cfg = self.config
         pad = self._pad_id(ctx)
         mask_id = pad if cfg.mask_token_id is None else int(cfg.mask_token_id)
@@ -304,14 +304,23 @@ class OARPAdvantage(_OARAdvantage):
                     vals = answer_logprob(ctx, ids, att, [probes[i].cue_end for i in part],
                                           [probes[i].answer_len for i in part])
                 clean.update(zip(part, vals))
-            jobs = [(i, k) for i in mine for k in range(probes[i].scored.numel())]
-            if not jobs:
-                continue
-            vals = self._perturbed(jobs, probes, ctx, mask_id, pad, dist)
-            base = torch.stack([clean[i] for i, _ in jobs])
-            delta = kl_from_logits(base, vals) if dist else base - vals
-            for (i, k), d in zip(jobs, delta):
-                scores[i][k] = d
+            # blocks of whole probes, ``chunk_size`` perturbed probes at most (more only when one
+            # probe has more): each clean probe runs once as a trunk, and a block's read logits and
+            # KL temporaries, (branches, V) float64, stay bounded
+            blocks: list[list[tuple[int, int]]] = []
+            for i in mine:
+                n = probes[i].scored.numel()
+                if not n:
+                    continue
+                if not blocks or len(blocks[-1]) + n > step:
+                    blocks.append([])
+                blocks[-1].extend((i, k) for k in range(n))
+            for jobs in blocks:
+                vals = self._perturbed(jobs, probes, ctx, mask_id, pad, dist)
+                base = torch.stack([clean[i] for i, _ in jobs])
+                delta = kl_from_logits(base, vals) if dist else base - vals
+                for (i, k), d in zip(jobs, delta):
+                    scores[i][k] = d
         return scores
 
     def _perturbed(

@@ -236,8 +236,15 @@ def test_oar_p_importance_equals_brute_force(model_tok, mode):
 def test_oar_p_chunking_does_not_change_importance(model_tok):
     batch, ctx = _batch(model_tok[1]), _ctx(*model_tok)
     a, _ = OARPAdvantage(OARPAdvantage.Config(chunk_size=0)).importance(batch, ctx)
+    calls = []
+    reads = ctx.branch_read_logits
+    ctx.branch_read_logits = lambda ids, att, rows, *a, **k: calls.append((len(ids), len(rows))) or reads(ids, att, rows, *a, **k)
     b, _ = OARPAdvantage(OARPAdvantage.Config(chunk_size=3)).importance(batch, ctx)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # blocks of whole probes: each clean probe is a trunk once, and a call holds at most 3 branches
+    # unless one probe alone has more (its read logits and KL stay bounded by chunk_size)
+    assert len(calls) > 1 and sum(t for t, _ in calls) <= batch.size  # no trunk twice
+    assert all(j <= 3 or t == 1 for t, j in calls)
 
 
 def test_oar_g_cuts_gradient_calls_by_the_handles_rows_and_tokens(model_tok):
