@@ -10,8 +10,9 @@ the response budget, ``L = prompt + T``, ``kv`` bytes of keys and values per tok
   without grad; the perturbed probes continue from their clean probe's KV cache. A chunk holds the
   ``t = min(c, R)`` clean probes' cache and a copy of it for each of the ``b = min(c, m)`` probes a
   forward runs (``c`` when ``m = 0``): ``(t + b) · L · kv``; the forward's temporaries
-  ``step.no_grad(b · L)``; logits at the read positions only, ``c · V · (4r + 24)`` (fp32 logits,
-  then the float64 mean and the KL's two log-softmaxes). ``answer_joint`` reads the continuation's
+  ``step.no_grad(b · L)``; logits at the read positions only for a block of
+  ``k = min(BLOCK_CHUNKS · c, R · T)`` perturbed probes, ``k · V · (4r + 24)`` (fp32 logits, then
+  the float64 mean and the KL's two log-softmaxes). ``answer_joint`` reads the continuation's
   log-probs instead: ``step.logprob_tensors(b, L)``.
 * **OAR-G**: a no-grad clean pass, then one pass with autograd over ``g = chunk_size`` rows (0:
   as many as the handle's ``m`` rows and ``step.tokens`` padded tokens allow, at most ``R``) of
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from creditlab_oar.advantage import BLOCK_CHUNKS
+
 
 def _read(config: Any, step: Any) -> int:
     return 1 if config.mode == "last" else step.answer
@@ -34,10 +37,11 @@ def oar_p_memory(config: Any, step: Any) -> dict[str, float]:
     L, R, V = step.prompt + step.T, step.rows, step.shape.vocab
     c = int(config.chunk_size) or R * step.T
     t, b = min(c, R), (min(c, step.micro) if step.micro else c)
+    block = min(BLOCK_CHUNKS * c, R * step.T)  # perturbed probes whose read-outs exist at once
     if config.mode == "answer_joint":
         logits = step.logprob_tensors(b, L)
     else:
-        logits = c * V * (4 * _read(config, step) + 24)
+        logits = block * V * (4 * _read(config, step) + 24)
     return {"advantage kv cache": (t + b) * L * step.kv, "advantage activations": step.no_grad(b * L),
             "advantage logits": logits}
 

@@ -233,9 +233,10 @@ def test_oar_p_importance_equals_brute_force(model_tok, mode):
     assert m["probe_forwards"] == n_scored + 4
 
 
-def test_oar_p_chunking_does_not_change_importance(model_tok):
+def test_oar_p_chunking_does_not_change_importance(model_tok, monkeypatch):
     batch, ctx = _batch(model_tok[1]), _ctx(*model_tok)
     a, _ = OARPAdvantage(OARPAdvantage.Config(chunk_size=0)).importance(batch, ctx)
+    monkeypatch.setattr("creditlab_oar.advantage.BLOCK_CHUNKS", 1)  # blocks of one chunk, to see them
     calls = []
     reads = ctx.branch_read_logits
     ctx.branch_read_logits = lambda ids, att, rows, *a, **k: calls.append((len(ids), len(rows))) or reads(ids, att, rows, *a, **k)
