@@ -202,8 +202,7 @@ class Bench:
 
     def __init__(self, overrides: list[str], settings: BenchSettings, say: Callable[[str], None] = print) -> None:
         settings.check()
-        self.settings, self.overrides, self.say = settings, list(overrides), say
-        self.tokens = 0  # the handle's loss.micro_batch_tokens, auto resolved when the model loads
+        self.settings, self.overrides, self.say, self.tokens = settings, list(overrides), say, 0  # tokens: set at load
         self.cfg = compose([*BENCH_DEFAULTS, *overrides])
         self.checked = validate(self.cfg)
         self.seed = self.checked["run"].seed
@@ -226,10 +225,8 @@ class Bench:
                tokens: int = 0) -> CountingHandle:
         rollout = self.checked["rollout"]
         rng = torch.Generator().manual_seed(self.seed * 1009 + stream)
-        # The estimators see every chain of the bench at once; their forward passes take at most a
-        # training step's rows (loss.micro_batch_size, else prompts_per_step x group_size) and,
-        # with autograd, the update's token budget (``tokens``), so the bench needs no more memory
-        # than a step of the run it stands for.
+        # Estimators see every chain at once; forwards take a training step's rows at most (loss.micro_batch_size,
+        # else prompts_per_step x G) and, with autograd, its token budget: no more memory than a step of the run.
         micro = self.checked["loss"].micro_batch_size or self.checked["run"].prompts_per_step * rollout.group_size
         return CountingHandle(model, tokenizer, backend, rng, rollout.temperature, micro,
                               rollout_fn=sampler, chat_template=rollout.chat_template,
@@ -266,8 +263,7 @@ class Bench:
         self.say(f"[credit-bench] {len(trajs)} chains of {len(self.problems)} prompts; valuing every "
                  f"thought boundary with K = {s.k} continuations")
         truth, counts = compute_truth(trajs, prompt_of, spans, sampler, s.k, self.seed + 1, progress)
-        truth_cost = {"seconds": time.perf_counter() - t0, "generated_tokens": float(sampler.take_generated_tokens()),
-                      **peak_memory()}
+        truth_cost = {"seconds": time.perf_counter() - t0, "generated_tokens": float(sampler.take_generated_tokens()), **peak_memory()}
         noise_stats = noise(truth, counts["value_halves"])
         self.refuse_if_noisy(noise_stats)
 

@@ -75,8 +75,8 @@ class PolicyHandle(abc.ABC):
         micro_batch_size: Rows a forward through the model may take at once (0: no bound).
         micro_batch_tokens: Padded tokens (rows x width) a forward with autograd through the
             model may take at once: the run's ``loss.micro_batch_tokens``, ``auto`` resolved
-            (0: no bound). A part that differentiates through the model over many rows (OAR-G)
-            chunks its rows by both, as the update does.
+            (0: no bound). A part that differentiates through the model over many rows chunks
+            its rows by both, as the update does.
     """
 
     micro_batch_size: int = 0
