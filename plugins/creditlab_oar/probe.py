@@ -266,7 +266,9 @@ def mean_read_logits(
     Returns:
         (N, V) float64 (detached, CPU).
     """
-    logits = ctx.read_logits(input_ids, attention_mask, read_mask(probes, input_ids.shape[1]))
+    # the prompts are read nowhere: the handle may run each once (a group shares it)
+    logits = ctx.read_logits(input_ids, attention_mask, read_mask(probes, input_ids.shape[1]),
+                             frozen=min(p.reasoning_start for p in probes))
     return torch.stack([z.double().mean(0) for z in per_probe(logits, probes)]).cpu()
 
 

@@ -137,7 +137,8 @@ def test_the_no_grad_methods_keep_no_graph_under_a_trainable_model(fused):
 def test_input_gradients_with_a_frozen_prefix_run_it_once_and_agree(name, fused):
     """``frozen``: rows whose first columns repeat (a shared prompt) run them once without grad
     and continue from the cache; the gradient elsewhere and the read logits equal the plain pass,
-    the frozen columns' gradient is 0, and a bad ``frozen`` is a clear error."""
+    the frozen columns' gradient is 0, and a bad ``frozen`` is a clear error. ``read_logits`` with
+    ``frozen`` runs each prefix once too, and gives the same logits."""
     from creditlab.step.forward import prefix_cache
 
     model, _ = MODELS[name]()
@@ -174,3 +175,15 @@ def test_input_gradients_with_a_frozen_prefix_run_it_once_and_agree(name, fused)
         kwargs = {"embedding_offset": offset, "read": read, **kwargs}
         with pytest.raises(ValueError, match=message):
             handle.input_gradients(ids, mask, objective, **kwargs)
+
+    # read_logits: the same logits, each distinct prefix embedded (so run) once: 2 x 4 + 5 x 7 tokens
+    fed = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, inp, out: fed.append(inp[0].numel()))
+    try:
+        shared = handle.read_logits(ids, mask, read, frozen=4)
+        assert sum(fed) == 2 * 4 + 5 * 7, fed
+    finally:
+        hook.remove()
+    torch.testing.assert_close(shared, handle.read_logits(ids, mask, read), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="nothing may be read"):
+        handle.read_logits(ids, mask, read, frozen=6)

@@ -165,9 +165,9 @@ class CountingHandle(ModelPolicyHandle):
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0
         return super().branch_logprobs(input_ids, attention_mask, rows, at, branch_ids, branch_mask, chunk=chunk)
 
-    def read_logits(self, input_ids, attention_mask, read):  # type: ignore[no-untyped-def]
+    def read_logits(self, input_ids, attention_mask, read, *, frozen=0):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask.sum())
-        return super().read_logits(input_ids, attention_mask, read)
+        return super().read_logits(input_ids, attention_mask, read, frozen=frozen)
 
     def branch_read_logits(self, input_ids, attention_mask, rows, at, branch_ids, branch_mask, read, *, chunk=0):  # type: ignore[no-untyped-def]
         self.forward_tokens += int(attention_mask[rows.unique()].sum() + branch_mask.sum()) if len(rows) else 0

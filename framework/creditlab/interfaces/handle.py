@@ -153,13 +153,15 @@ class PolicyHandle(abc.ABC):
         return out
 
     def read_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor, *, frozen: int = 0
     ) -> torch.Tensor:
         """Raw next-token logits (temperature 1) at the positions ``read`` marks only, no grad.
 
         This default runs :meth:`input_gradients` with an objective whose backward does not enter
         the model; a handle holding the model runs a no-grad forward and sends only the read
-        positions' hidden states through the LM head.
+        positions' hidden states through the LM head. ``frozen`` as in :meth:`input_gradients`
+        (checked the same way): the first ``frozen`` columns hold prefixes that rows may share
+        (a group's prompt), which the handle may run once per distinct prefix.
 
         Args:
             input_ids: (B, L) long.
@@ -177,7 +179,7 @@ class PolicyHandle(abc.ABC):
             captured.append(logits.detach() if logits.dtype == torch.float64 else logits.detach().float())
             return (embeddings * 0).sum()
 
-        self.input_gradients(input_ids, attention_mask, objective, read=read)
+        self.input_gradients(input_ids, attention_mask, objective, read=read, frozen=frozen)
         return captured[0]
 
     def branch_read_logits(

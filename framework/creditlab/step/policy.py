@@ -214,20 +214,29 @@ class ModelPolicyHandle(PolicyHandle):
 
     @torch.no_grad()
     def read_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: torch.Tensor, *, frozen: int = 0
     ) -> torch.Tensor:
         """A no-grad forward up to the last read column; only the read positions' hidden states
         reach the LM head where it can be fused (:func:`read_head`), ``micro_batch_size`` rows at
-        a time."""
+        a time. With ``frozen``, each distinct prefix of a micro-batch runs once
+        (:func:`~creditlab.step.forward.prefix_cache`) when the model allows it."""
         input_ids, attention_mask, read = (x.to(self.device) for x in (input_ids, attention_mask, read))
         read = read.bool()
+        check_frozen(input_ids, attention_mask, frozen, None, read)
         width = int(read.any(0).nonzero().max()) + 1 if read.any() else 0
         step = self.micro_batch_size or max(input_ids.shape[0], 1)
+        head = fused_head_of(self.model, self.fused_head)
         outs = [torch.zeros((0, 0), device=self.device)]
         for s in range(0, input_ids.shape[0], step):
             ids, mask, want = (x[s : s + step, :width] for x in (input_ids, attention_mask, read))
-            if want.any():
-                outs.append(_at_least_fp32(read_head(self.model, self.fused_head, ids, mask, want)))
+            if not want.any():
+                continue
+            cache = None
+            if frozen:
+                cache = prefix_cache(self.model, ids[:, :frozen], mask[:, :frozen], None if head is None else head[0])
+            s0 = frozen if cache is not None else 0  # the columns the cache holds
+            logits = read_head(self.model, self.fused_head, ids[:, s0:], mask, want[:, s0:], cache=cache)
+            outs.append(_at_least_fp32(logits))
         return torch.cat(outs[1:]) if len(outs) > 1 else outs[0]
 
     @torch.no_grad()
