@@ -52,6 +52,9 @@ def test_budget_search_by_hand():
     # 3,072 MiB hold 30 rows of 100 (3,072 // 100 = 30; 3,328 // 100 = 33 rows too many)
     budget, why = resolve_token_budget(_Update, 100, 128 * 100, 23 * GIB, 3 * GIB)
     assert budget == 3072 and "would fit, at no gain in speed" in why
+    # one row's 100 MiB already exceed a 50 MiB share, though its update fits: said so, not "nothing fits"
+    budget, why = resolve_token_budget(_Update, 100, 128 * 100, 23 * GIB, 50 * MIB)
+    assert budget == 256 and "exceed 0.125 of the memory, but its update fits" in why
 
 
 def test_auto_budget_on_a_real_plan(tmp_path):

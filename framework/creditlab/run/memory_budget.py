@@ -81,7 +81,10 @@ def resolve_token_budget(
         return 0, "the update of the whole mini-batch fits"
     lo, hi = math.ceil(row / BUDGET_STEP), max(math.ceil(row / BUDGET_STEP), mini_tokens // BUDGET_STEP)
     if not fits(lo):
-        return lo * BUDGET_STEP, "the smallest budget, one longest row: not even one row's update fits"
+        if plan_at(lo * BUDGET_STEP).phases["update"] > room:
+            return lo * BUDGET_STEP, "the smallest budget, one longest row: not even one row's update fits"
+        return lo * BUDGET_STEP, (f"the smallest budget, one longest row: its tensors alone exceed {BATCH_SHARE:.3g} "
+                                  "of the memory, but its update fits")
     while lo < hi:  # the update grows with the budget: the largest k that fits
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
