@@ -80,8 +80,9 @@ def resolve_token_budget(
     if ok(whole):
         return 0, "the update of the whole mini-batch fits"
     lo, hi = math.ceil(row / BUDGET_STEP), max(math.ceil(row / BUDGET_STEP), mini_tokens // BUDGET_STEP)
-    if not fits(lo):
-        if plan_at(lo * BUDGET_STEP).phases["update"] > room:
+    one_row = plan_at(lo * BUDGET_STEP)
+    if not ok(one_row):
+        if one_row.phases["update"] > room:
             return lo * BUDGET_STEP, "the smallest budget, one longest row: not even one row's update fits"
         return lo * BUDGET_STEP, (f"the smallest budget, one longest row: its tensors alone exceed {BATCH_SHARE:.3g} "
                                   "of the memory, but its update fits")

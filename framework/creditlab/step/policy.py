@@ -71,28 +71,33 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def read_head(
-    model: Any, fused: str, input_ids: torch.Tensor | None, attention_mask: torch.Tensor,
-    read: torch.Tensor, inputs_embeds: torch.Tensor | None = None, cache: Any = None,
+    model: Any, fused: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+    read: torch.Tensor, inputs_embeds: torch.Tensor | None = None, frozen: int = 0,
 ) -> torch.Tensor:
     """(K, V) logits at the K positions ``read`` (B, L) bool marks, row-major, in the model's
     dtype, differentiable when grad is on: the decoder's hidden states at those positions only
     through the LM head where it can be fused (``fused`` = ``loss.fused_head``,
     :func:`~creditlab.step.token_logprobs.fused_head_of`), else the full (B, L, V) logits indexed
-    once. Input: ``input_ids`` (B, L) or ``inputs_embeds`` (B, L, D); with ``cache`` (the KV of
-    the first ``s`` columns, :func:`~creditlab.step.forward.prefix_cache`) only columns ``s..``
-    of them and of ``read`` (the mask stays the whole rows')."""
+    once. Input: ``input_ids`` (B, L), or ``inputs_embeds`` (B, L, D) when given. With ``frozen``
+    (checked by the caller, :func:`~creditlab.interfaces.check_frozen`): each distinct prefix of
+    ``input_ids``' first ``frozen`` columns runs once without grad
+    (:func:`~creditlab.step.forward.prefix_cache`) and the rest continue from its cache, when the
+    model allows it; else the whole rows run."""
     head = fused_head_of(model, fused)
-    inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-    pos = position_ids(attention_mask)
-    kwargs = {"attention_mask": attention_mask, "position_ids": pos, "use_cache": False}
-    if cache is not None:  # continue the prefix's cache from column s
-        s = attention_mask.shape[1] - next(iter(inputs.values())).shape[1]
-        kwargs = {"attention_mask": attention_mask, "position_ids": pos[:, s:], "use_cache": True, CACHE_KEY: cache}
+    cache = None
+    if frozen:
+        cache = prefix_cache(model, input_ids[:, :frozen], attention_mask[:, :frozen], None if head is None else head[0])
+    s = frozen if cache is not None else 0  # the columns the cache holds
+    inputs = {"input_ids": input_ids[:, s:]} if inputs_embeds is None else {"inputs_embeds": inputs_embeds[:, s:]}
+    kwargs = {"attention_mask": attention_mask, "position_ids": position_ids(attention_mask)[:, s:],
+              "use_cache": cache is not None}
+    if cache is not None:
+        kwargs[CACHE_KEY] = cache
     if head is None:
-        return model(**inputs, **kwargs).logits[read]
+        return model(**inputs, **kwargs).logits[read[:, s:]]
     decoder, weight, bias = head
     hidden = decoder(**inputs, **kwargs).last_hidden_state
-    return torch.nn.functional.linear(hidden[read], weight, bias)
+    return torch.nn.functional.linear(hidden[read[:, s:]], weight, bias)
 
 
 class ModelPolicyHandle(PolicyHandle):
@@ -225,18 +230,11 @@ class ModelPolicyHandle(PolicyHandle):
         check_frozen(input_ids, attention_mask, frozen, None, read)
         width = int(read.any(0).nonzero().max()) + 1 if read.any() else 0
         step = self.micro_batch_size or max(input_ids.shape[0], 1)
-        head = fused_head_of(self.model, self.fused_head)
         outs = [torch.zeros((0, 0), device=self.device)]
         for s in range(0, input_ids.shape[0], step):
             ids, mask, want = (x[s : s + step, :width] for x in (input_ids, attention_mask, read))
-            if not want.any():
-                continue
-            cache = None
-            if frozen:
-                cache = prefix_cache(self.model, ids[:, :frozen], mask[:, :frozen], None if head is None else head[0])
-            s0 = frozen if cache is not None else 0  # the columns the cache holds
-            logits = read_head(self.model, self.fused_head, ids[:, s0:], mask, want[:, s0:], cache=cache)
-            outs.append(_at_least_fp32(logits))
+            if want.any():
+                outs.append(_at_least_fp32(read_head(self.model, self.fused_head, ids, mask, want, frozen=frozen)))
         return torch.cat(outs[1:]) if len(outs) > 1 else outs[0]
 
     @torch.no_grad()
@@ -288,22 +286,14 @@ class ModelPolicyHandle(PolicyHandle):
         embeddings = self.model.get_input_embeddings()(input_ids).detach().requires_grad_(True)
         with torch.enable_grad():
             inputs = offset_embeddings(embeddings, embedding_offset)
-            head = fused_head_of(self.model, self.fused_head)
-            cache = None
-            if frozen > 0 and read is not None:
-                cache = prefix_cache(self.model, input_ids[:, :frozen], attention_mask[:, :frozen],
-                                     None if head is None else head[0])
-            if cache is not None:
-                logits = read_head(self.model, self.fused_head, None, attention_mask, read.to(self.device).bool()[:, frozen:],
-                                   inputs_embeds=inputs[:, frozen:], cache=cache)
-            elif read is None:
+            if read is None:
                 logits = self.model(
                     inputs_embeds=inputs, attention_mask=attention_mask,
                     position_ids=position_ids(attention_mask), use_cache=False,
                 ).logits
             else:
-                logits = read_head(self.model, self.fused_head, None, attention_mask,
-                                   read.to(self.device).bool(), inputs_embeds=inputs)
+                logits = read_head(self.model, self.fused_head, input_ids, attention_mask,
+                                   read.to(self.device).bool(), inputs_embeds=inputs, frozen=frozen)
             value = objective(embeddings, logits)
             (grad,) = torch.autograd.grad(value, embeddings)
         if frozen:
