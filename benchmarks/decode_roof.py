@@ -11,17 +11,22 @@ For each batch size B (rows decoded together), two measurements on the same mode
   tokens/s the CPU's matmul throughput allows with nothing else (attention, norms, sampling,
   Python) in the way. Its GFLOP/s is the CPU's measured matmul throughput at these shapes.
 
-The ratio decode / roof says how much of the matmul-bound speed decoding reaches.
+The ratio decode / roof says how much of the matmul-bound speed decoding reaches. With
+``--dtypes float32,bfloat16`` both run side by side: decoding with ``backend.dtype`` set to each,
+against the roof of each dtype's products and against float32's. ``--ignore-eos`` holds every row
+to ``--new-tokens`` (the batch never shrinks); without it, rows end where the model ends them.
 
 Usage::
 
     python benchmarks/decode_roof.py model=smollm2_135m_arith            # B = 32, 64; 128 new tokens
+    python benchmarks/decode_roof.py --dtypes float32,bfloat16 --batch 64 --ignore-eos model=smollm2_135m_arith
     python benchmarks/decode_roof.py --batch 8,64 --new-tokens 64 model=tiny
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -40,12 +45,14 @@ def step_shapes(config) -> list[tuple[int, int]]:
     return layer * config.num_hidden_layers + [(hidden, config.vocab_size)]
 
 
-def matmul_seconds(shapes: list[tuple[int, int]], rows: int, repeats: int) -> float:
-    """Median over ``repeats`` of the time of one pass of ``rows x in @ in x out`` for every shape."""
+def matmul_seconds(shapes: list[tuple[int, int]], rows: int, repeats: int, dtype: str = "float32") -> float:
+    """Median over ``repeats`` of the time of one pass of ``rows x in @ in x out`` for every shape,
+    inputs and weights in ``dtype``."""
     import torch
 
-    weights = [torch.randn(i, o) for i, o in shapes]
-    inputs = {i: torch.randn(rows, i) for i, _ in shapes}
+    dt = getattr(torch, dtype)
+    weights = [torch.randn(i, o, dtype=dt) for i, o in shapes]
+    inputs = {i: torch.randn(rows, i, dtype=dt) for i, _ in shapes}
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -62,6 +69,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed decoding rounds per batch size, after one "
                     "untimed (default 3)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--dtypes", default="float32", help="comma-separated backend.dtype values, run side "
+                    "by side (default float32)")
+    ap.add_argument("--ignore-eos", action="store_true", help="rows never end before --new-tokens")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run config (model=..., task=...)")
     args = ap.parse_args()
 
@@ -77,33 +87,48 @@ def main() -> None:
     model, tok, path = load_policy(checked["model"])
     model.eval()
     parts = build_parts(checked, model, tok)
-    backend = parts["backend"]  # the run's backend (model.accelerator=auto: fused where supported)
+    from creditlab.backends.hf import HFBackend
+
+    base = parts["backend"]  # the run's backend (model.accelerator=auto: fused where supported)
+    if not isinstance(base, HFBackend):
+        raise SystemExit("decode_roof.py measures the hf backend (backend=hf)")
+    dtypes = args.dtypes.split(",")
+    backends = {d: HFBackend(dataclasses.replace(base.config, dtype=d), model=model, tokenizer=tok)
+                for d in dtypes}
+    if args.ignore_eos:  # no EOS id in the plan: every row decodes --new-tokens tokens
+        for b in backends.values():
+            plan = b._plan
+            b._plan = lambda sp, plan=plan: dataclasses.replace(plan(sp), eos_token_id=None)
     problems = list(parts["task"].load("test"))
     shapes = step_shapes(model.config)
     flops_per_token = 2 * sum(i * o for i, o in shapes)
     print(", ".join(f"{k} {v}" for k, v in versions().items()))
-    print(f"model {path}; threads {args.threads}; speed path: {backend.accelerator.path} "
-          f"({backend.accelerator.reason}); matmul work {flops_per_token / 1e6:.0f} MFLOP per token")
-    print(f"{'B':>4} {'decode tok/s':>13} {'roof tok/s':>11} {'decode/roof':>12} {'matmul GFLOP/s':>15} "
-          f"{'decode GFLOP/s':>15}")
+    print(f"model {path}; threads {args.threads}; speed path: {base.accelerator.path} "
+          f"({base.accelerator.reason}); matmul work {flops_per_token / 1e6:.0f} MFLOP per token; "
+          f"{'rows held to --new-tokens' if args.ignore_eos else 'rows end at EOS'}")
+    print(f"{'B':>4} {'dtype':>9} {'decode tok/s':>13} {'roof tok/s':>11} {'decode/roof':>12} "
+          f"{'/fp32 roof':>11} {'matmul GFLOP/s':>15} {'decode GFLOP/s':>15}")
     offset = 0
     for rows in (int(b) for b in args.batch.split(",")):
-        rates = []
+        rates: dict[str, list[float]] = {d: [] for d in dtypes}
         for r in range(-1, args.rounds):  # round -1 warms up (first calls, allocations), untimed
             batch = problems[offset : offset + rows]
             offset += rows
             requests = [GenerationRequest(tuple(encode_prompt(tok, p.prompt, checked["rollout"].chat_template))) for p in batch]
             sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.new_tokens, seed=r + 1)
-            t0 = time.perf_counter()
-            completions = backend.generate(requests, sampling)
-            seconds = time.perf_counter() - t0
-            if r >= 0:
-                rates.append(sum(len(c.response_ids) for c in completions) / seconds)
-        decode = statistics.median(rates)
-        roof_s = matmul_seconds(shapes, rows, repeats=5)
-        roof = rows / roof_s
-        print(f"{rows:4d} {decode:13.0f} {roof:11.0f} {decode / roof:12.2f} "
-              f"{flops_per_token * rows / roof_s / 1e9:15.1f} {flops_per_token * decode / 1e9:15.1f}")
+            for d in dtypes:  # the same prompts and seed for every dtype, alternating
+                t0 = time.perf_counter()
+                completions = backends[d].generate(requests, sampling)
+                seconds = time.perf_counter() - t0
+                if r >= 0:
+                    rates[d].append(sum(len(c.response_ids) for c in completions) / seconds)
+        roofs = {d: rows / matmul_seconds(shapes, rows, repeats=5, dtype=d)
+                 for d in dict.fromkeys(["float32", *dtypes])}
+        for d in dtypes:
+            decode, roof = statistics.median(rates[d]), roofs[d]
+            print(f"{rows:4d} {d:>9} {decode:13.0f} {roof:11.0f} {decode / roof:12.2f} "
+                  f"{decode / roofs['float32']:11.2f} {flops_per_token * roof / 1e9:15.1f} "
+                  f"{flops_per_token * decode / 1e9:15.1f}")
 
 
 if __name__ == "__main__":

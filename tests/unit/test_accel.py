@@ -264,3 +264,52 @@ def test_compile_wraps_the_forward_and_keeps_the_parameters(monkeypatch):
     assert choose("compile", model).path == "compile"
     assert HFBackend(HFBackend.Config(accelerator="compile"), model=model, tokenizer=tok).describe() == {
         "accelerator": {"requested": "compile", "path": "compile", "reason": "torch.compile(model.forward, dynamic=True)"}}
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "llama-head-bias", "qwen2-tied", "qwen2-mqa"])
+def test_bfloat16_steps_are_close_to_float32(name):
+    """dtype=bfloat16: the products run from bfloat16 weight copies (LM head included); the
+    logits stay within bfloat16 rounding of the float32 model's, and differ from them."""
+    model, _ = MODELS[name]()
+    rows = LAYOUTS["ragged-shuffled"]
+    distinct = list(dict.fromkeys(rows))
+    inverse = torch.tensor([distinct.index(c) for c in rows])
+    with torch.inference_mode():
+        assert FusedDecoder.build(model, copy_budget_mb=0.0, dtype=torch.bfloat16) is None
+        dec = FusedDecoder.build(model, dtype=torch.bfloat16)
+        assert dec.layers[0].w_qkv.dtype == dec.head_weight.dtype == torch.bfloat16
+        ref_cache, mask, last, logits = _prefill(model, rows, capacity=16)
+        ctx_cache, ctx_mask, _, _ = _prefill(model, distinct, capacity=16)
+        dec.start(ctx_cache, inverse, ctx_mask.bool(), max_new=6, min_shared_context=0)
+        worst = 0.0
+        for _ in range(6):
+            tok = logits.argmax(-1)
+            last = last + 1
+            mask = torch.cat([mask, mask.new_ones(len(last), 1)], dim=1)
+            ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last[:, None],
+                        use_cache=True, **{CACHE_KEY: ref_cache}).logits[:, -1]
+            got = dec.step(tok, last)
+            assert got.dtype == torch.float32
+            worst = max(worst, float((got - ref).abs().max() / ref.abs().max()))
+            logits = ref
+    assert 0 < worst < 0.03, worst
+
+
+@pytest.mark.parametrize("accelerator", ["auto", "none"])
+def test_backend_dtype_bfloat16_samples_close_to_float32(accelerator):
+    """backend.dtype=bfloat16 through the fused steps or, for the model's own forward, autocast:
+    greedy log-probs within bfloat16 rounding of float32's; float16 is refused by name."""
+    model, tok = MODELS["llama-gqa"]()
+    reqs = _requests(tok)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=10)
+    fp32 = HFBackend(HFBackend.Config(accelerator=accelerator), model=model, tokenizer=tok)
+    bf16 = HFBackend(HFBackend.Config(accelerator=accelerator, dtype="bfloat16"), model=model,
+                     tokenizer=tok)
+    assert (fp32.dtype, bf16.dtype) == (torch.float32, torch.bfloat16)
+    a, b = fp32.generate(reqs, sp), bf16.generate(reqs, sp)
+    diffs = [abs(x - y) for ca, cb in zip(a, b) if ca.response_ids == cb.response_ids
+             for x, y in zip(ca.logprobs, cb.logprobs)]
+    assert len(diffs) >= 5 * 10  # most rows take the same greedy path
+    assert 0 < max(diffs) < 0.05
+    with pytest.raises(ConfigError, match="backend.dtype must be auto, float32 or bfloat16"):
+        HFBackend.Config(dtype="float16")

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 from creditlab.backends.hf import HFBackend
-from creditlab.backends.sampling import SamplingPlan, sample_tokens
+from creditlab.backends.sampling import SamplingPlan, inverse_cdf, sample_tokens
 from creditlab.types import GenerationRequest, SamplingParams
 
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
@@ -151,7 +151,8 @@ def test_sample_tokens_truncation_order_and_frequencies():
 
     def draw(top_k=0, top_p=1.0):
         plan = SamplingPlan(1.0, top_p, top_k, 1, (), 0, None, 0, ())
-        tok, lp, ent = sample_tokens(logits, plan, gen)
+        tok, lp, ent = sample_tokens(logits, plan, torch.rand(len(logits), generator=gen,
+                                                              dtype=torch.float64))
         assert torch.allclose(lp, probs.log()[tok], atol=1e-6)  # before truncation
         assert torch.allclose(ent, -(probs * probs.log()).sum().expand(len(tok)), atol=1e-6)
         return torch.bincount(tok, minlength=4)
@@ -161,6 +162,23 @@ def test_sample_tokens_truncation_order_and_frequencies():
     assert draw(top_k=2, top_p=0.6)[1:].sum() == 0  # top-p on the renormalised top-2 (0.625)
     freq = draw().double() / 20000
     assert torch.allclose(freq, probs.double(), atol=0.015)  # ~5 sigma, seeded
+
+
+def test_inverse_cdf_never_draws_a_zero_weight_and_spans_the_row():
+    """Uniforms at 0 and just below 1 land on the first and last token of positive weight;
+    tokens of weight 0 (before, between and after) are never drawn, and unnormalised weights
+    are drawn in proportion."""
+    weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0]] * 4)
+    u = torch.tensor([0.0, 0.5 - 1e-12, 0.5, 1 - 2**-53], dtype=torch.float64)
+    assert inverse_cdf(weights, u).tolist() == [1, 1, 3, 4]
+    gen = torch.Generator().manual_seed(3)
+    many = weights[:1].expand(40000, 6)
+    counts = torch.bincount(inverse_cdf(many, torch.rand(40000, generator=gen, dtype=torch.float64)),
+                            minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts[[1, 3, 4]] / 40000.0, torch.tensor([0.5, 0.25, 0.25]), atol=0.01)
+    with pytest.raises(ValueError, match="uniform"):
+        sample_tokens(weights, SamplingPlan(1.0, 1.0, 0, 1, (), 0, None, 0, ()), None)
 
 
 def test_generation_config_cannot_change_sampling(mt):
@@ -261,6 +279,25 @@ def test_eos_ends_rows_and_is_kept_and_compaction_is_invariant(mt):
         for r in reqs
     ]
     assert [s[0].response_ids for s in singles] == [c.response_ids for c in runs[0]]
+
+
+@pytest.mark.parametrize("accelerator", ["auto", "none"])
+def test_sampled_rows_do_not_depend_on_when_finished_rows_are_dropped(mt, accelerator):
+    """Each row's draws come from its own uniforms: dropping finished rows at every look, at a
+    quarter, or never gives the same samples (log-probs up to float rounding)."""
+    model, tok = mt
+    biased = with_token_bias(model, {tok.eos_token_id: 1.2})
+    reqs = _reqs(tok) * 2
+    sp = SamplingParams(temperature=1.0, top_k=30, max_new_tokens=30, seed=11)
+    runs = [
+        HFBackend(HFBackend.Config(compact_fraction=f, accelerator=accelerator), model=biased,
+                  tokenizer=tok).generate(reqs, sp)
+        for f in (0.0, 0.25, 1.0)
+    ]
+    ends = {c.finish_reason for c in runs[0]}
+    assert ends == {"eos", "length"}, ends  # rows end at different steps: compaction happens
+    for other in runs[1:]:
+        _assert_same_samples(runs[0], other)
 
 
 def test_max_new_tokens_gives_length(backend, mt):

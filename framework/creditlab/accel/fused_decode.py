@@ -1,7 +1,9 @@
-"""Fused decoding steps for Llama/Qwen2 models in float32: the one-token steps of
+"""Fused decoding steps for float32 Llama/Qwen2 models: the one-token steps of
 :class:`~creditlab.backends.hf.HFBackend` computed straight from the model's parameters, with
 about half the ops of the model's forward (``model.accelerator=fused``; ``auto`` picks it where
-:func:`~creditlab.accel.support.supported`).
+:func:`~creditlab.accel.support.supported`). The matrix products run in float32, or in bfloat16
+from bfloat16 copies of the weights (``backend.dtype=bfloat16``: 2-3x the float32 throughput on
+a CPU with bfloat16 units, benchmarks/README.md), the rest in float32.
 
 For a small model most of a decoding step's time is not the matrix products but the module
 machinery and the elementwise ops around them. :class:`FusedDecoder` runs a batch of A rows, one
@@ -59,27 +61,28 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
 class _Layer:
     """The weights one decoder layer's step reads (fused copies or the module's own tensors)."""
 
-    def __init__(self, layer: Any, fuse: bool) -> None:
+    def __init__(self, layer: Any, fuse: bool, dtype: torch.dtype = torch.float32) -> None:
         a, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
         self.fused = fuse
-        if fuse:
+        if fuse:  # weight copies in ``dtype``; biases stay float32 (added to the float32 result)
             qkv = (a.q_proj, a.k_proj, a.v_proj)
-            self.w_qkv = torch.cat([p.weight for p in qkv]).t().contiguous()
+            self.w_qkv = torch.cat([p.weight for p in qkv]).t().to(dtype).contiguous()
             self.b_qkv = (
                 torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
                            for p in qkv])
                 if any(p.bias is not None for p in qkv) else None
             )
             gu = (mlp.gate_proj, mlp.up_proj)
-            self.w_gu = torch.cat([p.weight for p in gu]).t().contiguous()
+            self.w_gu = torch.cat([p.weight for p in gu]).t().to(dtype).contiguous()
             self.b_gu = (
                 torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
                            for p in gu])
                 if any(p.bias is not None for p in gu) else None
             )
-            self.w_o, self.b_o = a.o_proj.weight.t().contiguous(), a.o_proj.bias
-            self.w_down, self.b_down = mlp.down_proj.weight.t().contiguous(), mlp.down_proj.bias
+            self.w_o, self.b_o = a.o_proj.weight.t().to(dtype).contiguous(), a.o_proj.bias
+            self.w_down = mlp.down_proj.weight.t().to(dtype).contiguous()
+            self.b_down = mlp.down_proj.bias
         else:
             self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
             self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
@@ -87,7 +90,11 @@ class _Layer:
 
     @staticmethod
     def _mm(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
+        """(A, in) float32 @ (in, out) + (out,): float32, the product in ``w_t``'s dtype."""
+        if w_t.dtype == torch.float32:
+            return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
+        y = torch.mm(x.to(w_t.dtype), w_t).float()
+        return y.add_(b) if b is not None else y
 
     def qkv(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
@@ -126,7 +133,7 @@ class FusedDecoder:
     for scores and output.
     """
 
-    def __init__(self, model: Any, fuse: bool) -> None:
+    def __init__(self, model: Any, fuse: bool, dtype: torch.dtype = torch.float32) -> None:
         cfg = model.config
         base = model.model
         self.model = model
@@ -134,33 +141,45 @@ class FusedDecoder:
         self.rotary = base.rotary_emb
         self.norm = base.norm
         self.lm_head = model.lm_head
+        #: The LM head's weight in the products' dtype (the module's own tensor in float32).
+        self.head_weight = model.lm_head.weight.to(dtype)
         first = base.layers[0].self_attn
         self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = first.head_dim
         self.scaling = first.scaling
-        self.layers = [_Layer(layer, fuse) for layer in base.layers]
+        self.layers = [_Layer(layer, fuse, dtype) for layer in base.layers]
         self.fused_weights = fuse
+        self.dtype = dtype
 
     @classmethod
     def build(
-        cls, model: Any, copy_budget_mb: float = DEFAULT_COPY_BUDGET_MB
+        cls, model: Any, copy_budget_mb: float = DEFAULT_COPY_BUDGET_MB,
+        dtype: torch.dtype = torch.float32,
     ) -> FusedDecoder | None:
-        """A decoder for ``model``, or ``None`` when the model is not exactly supported.
+        """A decoder for ``model``, or ``None`` when the model is not exactly supported, or when
+        ``dtype`` is not float32 and its weight copies would exceed ``copy_budget_mb``.
 
         Args:
             model: The causal LM (in eval mode, as during generation).
             copy_budget_mb: Concatenate and transpose the projection weights into copies when
                 they take at most this many MB; otherwise use the module weights in place.
+            dtype: The matrix products' dtype: float32 (the model's own), or bfloat16 (weight
+                copies in bfloat16, including the LM head's; norms, the rotary embedding,
+                attention, the residual stream and the keys/values stay float32).
         """
         if not supported(model):
             return None
-        params = sum(
-            p.numel() * p.element_size()
+        size = torch.tensor([], dtype=dtype).element_size()
+        params = size * sum(
+            p.numel()
             for layer in model.model.layers
             for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
         )
-        return cls(model, fuse=params <= copy_budget_mb * 2**20)
+        fuse = params <= copy_budget_mb * 2**20
+        if not fuse and dtype != torch.float32:
+            return None
+        return cls(model, fuse=fuse, dtype=dtype)
 
     # -- state -------------------------------------------------------------------------------------
     def start(
@@ -183,8 +202,8 @@ class FusedDecoder:
                 group when rows share contexts and W is at least this; otherwise copy them to
                 every row (two products less per layer and step: cheaper for short contexts).
         """
-        kp = [layer.keys for layer in prefill_cache.layers]
-        vp = [layer.values for layer in prefill_cache.layers]
+        kp = [layer.keys.float() for layer in prefill_cache.layers]  # float32 whatever the
+        vp = [layer.values.float() for layer in prefill_cache.layers]  # prefill computed in
         u, h_kv, w, d = kp[0].shape
         if any(k.shape != (u, h_kv, w, d) for k in kp + vp):
             raise ValueError("prefill cache layers of different shapes")
@@ -235,8 +254,15 @@ class FusedDecoder:
     def select(self, keep: torch.Tensor) -> None:
         """Keep only the rows ``keep`` (and the contexts they use)."""
         inverse = self._inverse.index_select(0, keep)
-        self._kg = [k.index_select(0, keep) for k in self._kg]
-        self._vg = [v.index_select(0, keep) for v in self._vg]
+        filled = self._n + (0 if self._split else self._w)  # columns written so far
+
+        def kept(x: torch.Tensor) -> torch.Tensor:  # only the written columns are copied
+            out = x.new_empty((len(keep), *x.shape[1:]))
+            torch.index_select(x[:, :, :filled], 0, keep, out=out[:, :, :filled])
+            return out
+
+        self._kg = [kept(k) for k in self._kg]
+        self._vg = [kept(v) for v in self._vg]
         if self._split:
             used, inverse = torch.unique(inverse, return_inverse=True)
             if len(used) < self._kp[0].shape[0]:
@@ -327,4 +353,8 @@ class FusedDecoder:
             h = h + layer.o_proj(out.reshape(a, h_q * d))
             h = h + layer.mlp(_rms_norm(h, layer.norm2))
         self._n = n + 1
-        return self.lm_head(_rms_norm(h, self.norm))
+        x = _rms_norm(h, self.norm)
+        if self.dtype == torch.float32:
+            return self.lm_head(x)
+        logits = F.linear(x.to(self.dtype), self.head_weight).float()
+        return logits if self.lm_head.bias is None else logits.add_(self.lm_head.bias)

@@ -9,8 +9,11 @@ Per step (batch of A active rows, vocabulary V): logits (A, V) -> ``log_softmax(
 (T = 1 when greedy) gives the reported log-prob of the chosen token and the reported entropy
 of the step (``Completion.entropies``, one exp and sum over V per step); the token is the argmax
 (``temperature == 0``) or a draw after top-k then top-p truncation of the temperature-scaled
-distribution. Rows are left-padded; ``position_ids`` come from the attention mask, so a row's
-result does not depend on the other rows of the batch (up to float rounding).
+distribution, by inverse CDF from one uniform per row and step. The uniforms of a forward batch
+(N rows x max_new_tokens) are drawn from the call's seeded generator before its first step, so
+a row's draws do not depend on when the other rows end or whether finished rows were dropped.
+Rows are left-padded; ``position_ids`` come from the attention mask, so a row's result does not
+depend on the other rows of the batch (up to float rounding).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from creditlab.backends.sampling import (
     split_stops,
     validate_sampling,
 )
+from creditlab.errors import ConfigError
 from creditlab.interfaces import GenerationBackend
 from creditlab.step.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, keep_last, position_ids
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
@@ -49,7 +53,8 @@ class HFBackend(GenerationBackend):
     Requests are split into forward batches of at most ``max_batch_size`` rows (sorted by context
     length when there is more than one batch), each decoded with a KV cache. Finished rows stay
     in the batch until ``compact_fraction`` of the batch has finished, then they are dropped from
-    the batch and the cache. The model is put in eval mode during generation and every module's
+    the batch and the cache (which rows are dropped when changes no draw: see the module
+    docstring). The model is put in eval mode during generation and every module's
     train/eval flag is restored afterwards.
 
     Stop strings: one that is exactly one token (e.g. an added ``</thought>`` token) is matched by
@@ -79,6 +84,12 @@ class HFBackend(GenerationBackend):
             of its forward (same logits up to float rounding; ``use_cache=False`` always runs the
             model's own forward); ``auto`` does so where the model is supported; ``compile`` and
             ``none`` run the model's forward (compiled or not by the model loader).
+        dtype: The dtype of decoding's matrix products: ``auto`` (the model's parameter dtype,
+            so the reported log-probs are the trained model's), ``float32`` or ``bfloat16``
+            (fused steps from bfloat16 weight copies, the rest in float32; other models and the
+            prefill under ``torch.autocast``). bfloat16 runs 2-3x faster where the CPU has
+            bfloat16 units; the sampled log-probs then differ from the trainer's, which
+            ``train/backend/logprob_*`` reports (benchmarks/README.md has both).
         fused_shared_context_min: With fused decoding, rows that share a context of at least
             this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
             per group at every step; shorter contexts are copied to every row (two matrix
@@ -95,13 +106,19 @@ class HFBackend(GenerationBackend):
 
         max_batch_size: int = 256
         use_cache: bool = True
-        compact_fraction: float = 0.25
+        compact_fraction: float = 0.125
         preallocate_kv: bool = True
         share_prefill: bool = True
         accelerator: str = "auto"
+        dtype: str = "auto"
         fused_copy_budget_mb: float = 512.0
         fused_shared_context_min: int = 32
         sync_every: int = 0
+
+        def __post_init__(self) -> None:
+            if self.dtype not in ("auto", "float32", "bfloat16"):
+                raise ConfigError(f"backend.dtype must be auto, float32 or bfloat16 for the hf "
+                                 f"backend, got '{self.dtype}'")
 
     def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer)
@@ -111,6 +128,9 @@ class HFBackend(GenerationBackend):
             raise ValueError(f"sync_every must be >= 0 (0: automatic), got {self.config.sync_every}")
         if not 0 <= self.config.compact_fraction <= 1:
             raise ValueError(f"compact_fraction must be in [0, 1], got {self.config}")
+        #: The dtype of decoding's matrix products (``Config.dtype``).
+        self.dtype: torch.dtype = (next(model.parameters()).dtype if self.config.dtype == "auto"
+                                   else getattr(torch, self.config.dtype))
         #: Settings actually used by the last ``generate`` call (TESTING trap 7).
         self.last_effective: dict = {}
         self._keeps_logits = accepts_logits_to_keep(model)  # only the last position's (keep_last)
@@ -152,7 +172,8 @@ class HFBackend(GenerationBackend):
                 self._fused = None  # the fused steps' decoder, with this call's weights
                 fused = self.accelerator.path == "fused"
                 if fused and self.config.use_cache and plan.max_new_tokens > 1:
-                    self._fused = FusedDecoder.build(self.model, self.config.fused_copy_budget_mb)
+                    self._fused = FusedDecoder.build(
+                        self.model, self.config.fused_copy_budget_mb, self.dtype)
                 for lo in range(0, len(order), bs):
                     idx = order[lo : lo + bs]
                     outs = self._generate_batch([requests[i] for i in idx], plan, gen)
@@ -209,6 +230,13 @@ class HFBackend(GenerationBackend):
             stop_token_ids=stop_ids,
             stop_texts=stop_texts,
         )
+
+    def _forward(self, **kwargs: Any) -> Any:
+        """The model's forward, under ``torch.autocast`` when ``dtype`` is not the model's own."""
+        device = self._device()
+        own = next(self.model.parameters()).dtype
+        with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != own):
+            return self.model(**kwargs)
 
     def _text_stop(
         self, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
@@ -287,6 +315,9 @@ class HFBackend(GenerationBackend):
         rows = torch.arange(n, device=device)  # batch row -> request row
         alive = torch.ones(n, dtype=torch.bool, device=device)
         use_cache = self.config.use_cache
+        # (N, max_new) float64: row i's uniform of step s, whatever the batch looks like then
+        uniforms = None if plan.greedy else torch.rand(
+            (n, max_new), generator=gen, dtype=torch.float64, device=device)
         cache = make_cache(self.model, width + max_new, self.config.preallocate_kv) if use_cache else None
         stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
         shared = None
@@ -306,7 +337,7 @@ class HFBackend(GenerationBackend):
                 first, inverse = shared if shared is not None else (range(n), range(n))
                 first = torch.tensor(first, device=device)
                 inverse = torch.tensor(inverse, device=device)
-                out = self.model(
+                out = self._forward(
                     input_ids=ids[first],
                     attention_mask=mask[first, :cols],
                     position_ids=pos[first],
@@ -326,7 +357,7 @@ class HFBackend(GenerationBackend):
             elif fused is not None:
                 logits = fused.step(feed_ids[:, 0], feed_pos[:, 0])
             else:
-                out = self.model(
+                out = self._forward(
                     input_ids=feed_ids,
                     attention_mask=mask[:, :cols],
                     position_ids=feed_pos,
@@ -337,7 +368,8 @@ class HFBackend(GenerationBackend):
                 if use_cache:
                     cache = cache_of(out)
                 logits = out.logits[:, -1, :]
-            tok, logp, ent = sample_tokens(logits.float(), plan, gen)
+            u = None if uniforms is None else uniforms[rows, step]
+            tok, logp, ent = sample_tokens(logits.float(), plan, u)
             out_tokens[rows, step] = tok  # finished rows too: past their length, cut off
             out_logp[:, rows, step] = torch.stack([logp, ent])
 

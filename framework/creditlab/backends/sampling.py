@@ -81,7 +81,7 @@ class SamplingPlan:
 
 
 def sample_tokens(
-    logits: torch.Tensor, plan: SamplingPlan, gen: torch.Generator
+    logits: torch.Tensor, plan: SamplingPlan, uniforms: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose one token per row; return its log-prob and the distribution's entropy, both
     before truncation.
@@ -89,7 +89,9 @@ def sample_tokens(
     Args:
         logits: (A, V) float32 next-token logits.
         plan: Sampling settings (temperature, top_k, top_p).
-        gen: RNG for the draws.
+        uniforms: (A,) float64 in [0, 1), one per row (``None`` when greedy): the row's draw is
+            the token where its cumulative distribution passes ``uniforms`` (inverse CDF), so a
+            row's token depends on its own logits and uniform only, never on the other rows.
 
     Returns:
         ``(tokens, logprobs, entropies)``, each (A,): with ``logp = log_softmax(logits / T)``
@@ -100,13 +102,15 @@ def sample_tokens(
         tok = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
         return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, logp.exp())
-    scaled = logits / plan.temperature
+    if uniforms is None:
+        raise ValueError("sampling at temperature > 0 needs one uniform per row")
+    scaled = logits / plan.temperature if plan.temperature != 1 else logits
     logp = torch.log_softmax(scaled, -1)
     probs_all = logp.exp()
     vocab = scaled.shape[-1]
     k = plan.top_k if 0 < plan.top_k < vocab else 0
     if k == 0 and plan.top_p >= 1:
-        tok = torch.multinomial(probs_all, 1, generator=gen).squeeze(1)
+        tok = inverse_cdf(probs_all, uniforms)
     else:
         if plan.top_p < 1:
             vals, idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
@@ -119,14 +123,25 @@ def sample_tokens(
             vals = vals.masked_fill(drop, float("-inf"))
         else:
             vals, idx = torch.topk(scaled, k, dim=-1)
-        choice = torch.multinomial(torch.softmax(vals, -1), 1, generator=gen)
-        tok = idx.gather(1, choice).squeeze(1)
+        choice = inverse_cdf(torch.softmax(vals, -1), uniforms)
+        tok = idx.gather(1, choice[:, None]).squeeze(1)
     return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, probs_all)
 
 
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """(A,) long: per row of (A, V) non-negative ``weights`` (not necessarily normalised), the
+    first index whose cumulative weight exceeds ``uniforms`` (A,) times the row's total, i.e. a
+    draw with probability proportional to the weights (an index of weight 0 is never drawn).
+    The sums run in float64, so no token is lost to float32 rounding of the cumulative sum."""
+    cdf = weights.cumsum(-1, dtype=torch.float64)
+    x = (uniforms.to(torch.float64) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, x, right=True).squeeze(1).clamp_max_(weights.shape[-1] - 1)
+
+
 def _entropy(logp: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """(A,) entropy of each row of (A, V) log-probs (tokens of probability 0 add 0, not NaN)."""
-    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
+    """(A,) entropy of each row of (A, V) log-probs (tokens of probability 0, whose log-prob
+    may be -inf, add 0, not NaN)."""
+    return -torch.linalg.vecdot(probs, logp.clamp_min(torch.finfo(logp.dtype).min))
 
 
 def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
