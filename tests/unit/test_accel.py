@@ -6,6 +6,7 @@ forward; ``model.accelerator`` chooses it (auto / none / fused) and the run reco
 from __future__ import annotations
 
 import copy
+import warnings
 
 import creditlab.accel as accel
 import pytest
@@ -313,3 +314,62 @@ def test_backend_dtype_bfloat16_samples_close_to_float32(accelerator):
     assert 0 < max(diffs) < 0.05
     with pytest.raises(ConfigError, match="backend.dtype must be auto, float32 or bfloat16"):
         HFBackend.Config(dtype="float16")
+
+
+def _lora(name: str, targets="all-linear"):
+    """``MODELS[name]`` under peft LoRA adapters with nonzero B (so that they matter)."""
+    from creditlab.run.models import LoraConfig, apply_lora
+
+    model, tok = MODELS[name]()
+    model = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8, target_modules=targets))
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-tied"])
+def test_lora_model_decodes_with_fused_steps(name, monkeypatch):
+    """A peft LoRA model is supported: its fused steps run from W + scaling·B·A and sample the
+    same tokens as its own (peft) forward; adapters off, a merged adapter, or DoRA fall back."""
+    pytest.importorskip("peft")
+    model, tok = _lora(name)
+    assert accel.supported(model) and choose("auto", model).path == "fused"
+    calls = []
+    step = FusedDecoder.step
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a))
+    reqs = _requests(tok)
+    on = HFBackend(HFBackend.Config(), model=model, tokenizer=tok)
+    off = HFBackend(HFBackend.Config(accelerator="none"), model=model, tokenizer=tok)
+    for sp in (SamplingParams(temperature=1.0, max_new_tokens=12, seed=3),
+               SamplingParams(temperature=0.0, max_new_tokens=12)):
+        a = on.generate(reqs, sp)
+        assert calls
+        b = off.generate(reqs, sp)
+        assert [c.response_ids for c in a] == [c.response_ids for c in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
+                                       rtol=0, atol=1e-5)
+    plain, _ = MODELS[name]()  # the adapters change the samples: they were really used
+    assert [c.response_ids for c in HFBackend(model=plain, tokenizer=tok).generate(reqs, sp)] != [
+        c.response_ids for c in a]
+    with torch.inference_mode():
+        assert FusedDecoder.build(model, copy_budget_mb=0.0) is None  # LoRA needs the copies
+    merged = copy.deepcopy(model)
+    merged.base_model.model.model.layers[0].self_attn.q_proj.merge()
+    assert not accel.supported(merged)
+    dora, _ = _lora_dora(name)
+    assert not accel.supported(dora)
+
+
+def _lora_dora(name: str):
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    model, tok = MODELS[name]()
+    cfg = PeftLoraConfig(r=4, lora_alpha=8, use_dora=True, target_modules=["q_proj", "v_proj"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        return get_peft_model(model, cfg).eval(), tok

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditlab.accel.support import supported
+from creditlab.accel.support import base_linear, effective_weight, inner_model, is_lora, supported
 from creditlab.step.forward import dynamic_rope
 
 __all__ = ["FusedDecoder"]
@@ -65,24 +65,27 @@ class _Layer:
         a, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
         self.fused = fuse
-        if fuse:  # weight copies in ``dtype``; biases stay float32 (added to the float32 result)
-            qkv = (a.q_proj, a.k_proj, a.v_proj)
-            self.w_qkv = torch.cat([p.weight for p in qkv]).t().to(dtype).contiguous()
+        if fuse:  # weight copies in ``dtype`` (LoRA merged in); biases stay float32
+            qkv = [base_linear(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
+            self.w_qkv = torch.cat([effective_weight(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
+                                   ).t().to(dtype).contiguous()
             self.b_qkv = (
                 torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
                            for p in qkv])
                 if any(p.bias is not None for p in qkv) else None
             )
-            gu = (mlp.gate_proj, mlp.up_proj)
-            self.w_gu = torch.cat([p.weight for p in gu]).t().to(dtype).contiguous()
+            gu = [base_linear(p) for p in (mlp.gate_proj, mlp.up_proj)]
+            self.w_gu = torch.cat([effective_weight(p) for p in (mlp.gate_proj, mlp.up_proj)]
+                                  ).t().to(dtype).contiguous()
             self.b_gu = (
                 torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
                            for p in gu])
                 if any(p.bias is not None for p in gu) else None
             )
-            self.w_o, self.b_o = a.o_proj.weight.t().to(dtype).contiguous(), a.o_proj.bias
-            self.w_down = mlp.down_proj.weight.t().to(dtype).contiguous()
-            self.b_down = mlp.down_proj.bias
+            self.w_o = effective_weight(a.o_proj).t().to(dtype).contiguous()
+            self.b_o = base_linear(a.o_proj).bias
+            self.w_down = effective_weight(mlp.down_proj).t().to(dtype).contiguous()
+            self.b_down = base_linear(mlp.down_proj).bias
         else:
             self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
             self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
@@ -134,6 +137,7 @@ class FusedDecoder:
     """
 
     def __init__(self, model: Any, fuse: bool, dtype: torch.dtype = torch.float32) -> None:
+        model = inner_model(model)  # under a peft wrapper: the causal LM it adapts
         cfg = model.config
         base = model.model
         self.model = model
@@ -167,18 +171,20 @@ class FusedDecoder:
             dtype: The matrix products' dtype: float32 (the model's own), or bfloat16 (weight
                 copies in bfloat16, including the LM head's; norms, the rotary embedding,
                 attention, the residual stream and the keys/values stay float32).
+
+        A ``peft`` model with plain LoRA adapters is decoded from copies of its effective
+        weights (``W + scaling·B·A``), so it needs the copies too.
         """
         if not supported(model):
             return None
         size = torch.tensor([], dtype=dtype).element_size()
-        params = size * sum(
-            p.numel()
-            for layer in model.model.layers
-            for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
-        )
+        linears = [lin for layer in inner_model(model).model.layers
+                   for lin in (*layer.self_attn.children(), *layer.mlp.children())
+                   if isinstance(lin, torch.nn.Module) and hasattr(lin, "in_features")]
+        params = size * sum(base_linear(lin).weight.numel() for lin in linears)
         fuse = params <= copy_budget_mb * 2**20
-        if not fuse and dtype != torch.float32:
-            return None
+        if not fuse and (dtype != torch.float32 or any(is_lora(lin) for lin in linears)):
+            return None  # bfloat16 and LoRA need the copies
         return cls(model, fuse=fuse, dtype=dtype)
 
     # -- state -------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Which models the fused decoder reproduces exactly: a supported architecture, every submodule of
 the exact type ``transformers`` builds, float32, full attention, no hooks (see
-:mod:`creditlab.accel.fused_decode`)."""
+:mod:`creditlab.accel.fused_decode`), possibly wrapped by ``peft`` with plain LoRA adapters on its
+linear layers (whose effective weight ``W + Σ scaling·B·A`` the decoder copies)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 from torch.nn.modules import module as nn_module
 
-__all__ = ["SUPPORTED", "supported"]
+__all__ = ["SUPPORTED", "base_linear", "effective_weight", "inner_model", "is_lora", "supported"]
 
 #: CausalLM class name -> (transformers module, class name prefix of its parts).
 SUPPORTED: dict[str, tuple[str, str]] = {
@@ -35,6 +36,47 @@ def _classes(model: Any) -> dict[str, type] | None:
     return classes
 
 
+def inner_model(model: Any) -> Any:
+    """The causal LM under a ``peft`` wrapper (``get_base_model()``), else ``model`` itself."""
+    if callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config"):
+        return model.get_base_model()
+    return model
+
+
+def is_lora(module: Any) -> bool:
+    """Whether ``module`` is a ``peft`` LoRA linear layer."""
+    return type(module).__name__ == "Linear" and type(module).__module__ == "peft.tuners.lora.layer"
+
+
+def _plain_lora(module: Any) -> bool:
+    """A LoRA layer whose output is exactly ``base(x) + Σ_active scaling·B(A(x))`` in eval mode:
+    an exact ``nn.Linear`` base, unmerged, no DoRA or other variant, no LoRA bias, no
+    ``fan_in_fan_out``, every active adapter a pair of exact bias-free ``nn.Linear``."""
+    active = [a for a in module.active_adapters if a in module.lora_A]
+    return (
+        type(module.base_layer) is torch.nn.Linear and not module.merged_adapters
+        and not module.lora_variant and not any(module.lora_bias.values())
+        and not getattr(module, "fan_in_fan_out", False)
+        and all(type(m[a]) is torch.nn.Linear and m[a].bias is None
+                for a in active for m in (module.lora_A, module.lora_B))
+    )
+
+
+def base_linear(module: Any) -> torch.nn.Linear:
+    """The ``nn.Linear`` holding a linear layer's base weight and bias (a LoRA layer's base)."""
+    return module.base_layer if is_lora(module) else module
+
+
+def effective_weight(module: Any) -> torch.Tensor:
+    """(out, in): the weight a linear layer computes with: its own, or for a LoRA layer with
+    adapters enabled ``W + Σ_active get_delta_weight(a)`` (peft's ``scaling·B·A``)."""
+    base = base_linear(module)
+    if base is module or module.disable_adapters:
+        return base.weight
+    active = [a for a in module.active_adapters if a in module.lora_A]
+    return base.weight + sum(module.get_delta_weight(a) for a in active)
+
+
 def _no_hooks(model: torch.nn.Module) -> bool:
     for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_always_called"):
@@ -55,6 +97,9 @@ def _plain_tensor(t: Any, dtype: torch.dtype, device: torch.device) -> bool:
 
 def supported(model: Any) -> bool:
     """Whether ``model`` is exactly a supported architecture that the fused passes reproduce."""
+    wrapper, model = model, inner_model(model)
+    if wrapper is not model and not _no_hooks(wrapper):
+        return False
     classes = _classes(model)
     if classes is None:
         return False
@@ -102,10 +147,15 @@ def supported(model: Any) -> bool:
             return False
         linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
         linears += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-    if any(type(lin) is not torch.nn.Linear for lin in linears):
+    lora = [lin for lin in linears if is_lora(lin)]
+    if any(type(lin) is not torch.nn.Linear and not is_lora(lin) for lin in linears):
         return False
-    tensors = [lin.weight for lin in linears]
-    tensors += [lin.bias for lin in linears if lin.bias is not None]
+    if not all(_plain_lora(lin) for lin in lora):
+        return False
+    bases = [base_linear(lin) for lin in linears]
+    tensors = [lin.weight for lin in bases]
+    tensors += [lin.bias for lin in bases if lin.bias is not None]
+    tensors += [m.weight for lin in lora for m in (*lin.lora_A.values(), *lin.lora_B.values())]
     tensors += [base.embed_tokens.weight, base.norm.weight]
     tensors += [layer.input_layernorm.weight for layer in layers]
     tensors += [layer.post_attention_layernorm.weight for layer in layers]

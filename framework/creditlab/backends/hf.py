@@ -35,6 +35,7 @@ from creditlab.backends.sampling import (
     check_requests,
     sample_tokens,
     split_stops,
+    text_stop,
     validate_sampling,
 )
 from creditlab.errors import ConfigError
@@ -238,28 +239,6 @@ class HFBackend(GenerationBackend):
         with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != own):
             return self.model(**kwargs)
 
-    def _text_stop(
-        self, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
-    ) -> torch.Tensor:
-        """(len(rows),) bool: the latest generated token completes a multi-token stop string.
-
-        Args:
-            out_tokens: (N, max_new) generated tokens of the whole batch.
-            rows: (A',) batch rows to check.
-            n_new: Tokens generated so far (the latest is at column ``n_new - 1``).
-        """
-        width = max(len(s) for s in plan.stop_texts) + 2
-        windows = out_tokens[rows, max(0, n_new - width) : n_new].tolist()
-        dec = self.tokenizer.batch_decode
-        kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
-        full = dec(windows, **kw)
-        prev = dec([w[:-1] for w in windows], **kw)
-        hit = [
-            any(t.find(s, max(0, len(p) - len(s) + 1)) != -1 for s in plan.stop_texts)
-            for t, p in zip(full, prev)
-        ]
-        return torch.tensor(hit, dtype=torch.bool, device=rows.device)
-
     def _generate_batch(
         self, reqs: list[GenerationRequest], plan: SamplingPlan, gen: torch.Generator
     ) -> list[Completion]:
@@ -377,7 +356,7 @@ class HFBackend(GenerationBackend):
             is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None
             if plan.stop_texts:
                 text_hit = torch.zeros_like(alive)
-                hits = self._text_stop(plan, out_tokens, rows[alive], step + 1)  # decodes on the host
+                hits = text_stop(self.tokenizer, plan, out_tokens, rows[alive], step + 1)  # decodes on the host
                 text_hit[alive] = hits.to(device)
                 is_stop = text_hit if is_stop is None else is_stop | text_hit
             ended = torch.zeros_like(alive)

@@ -155,3 +155,27 @@ def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], t
         else:
             texts.append(s)
     return tuple(ids), tuple(texts)
+
+
+def text_stop(
+    tokenizer: Any, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
+) -> torch.Tensor:
+    """(len(rows),) bool: the latest generated token completes a multi-token stop string.
+
+    Args:
+        tokenizer: Decodes the windows of the latest tokens.
+        plan: ``plan.stop_texts`` are the stop strings matched in text.
+        out_tokens: (N, max_new) generated tokens of the whole batch.
+        rows: (A',) batch rows to check.
+        n_new: Tokens generated so far (the latest is at column ``n_new - 1``).
+    """
+    width = max(len(s) for s in plan.stop_texts) + 2
+    windows = out_tokens[rows, max(0, n_new - width) : n_new].tolist()
+    kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+    full = tokenizer.batch_decode(windows, **kw)
+    prev = tokenizer.batch_decode([w[:-1] for w in windows], **kw)
+    hit = [
+        any(t.find(s, max(0, len(p) - len(s) + 1)) != -1 for s in plan.stop_texts)
+        for t, p in zip(full, prev)
+    ]
+    return torch.tensor(hit, dtype=torch.bool, device=rows.device)
