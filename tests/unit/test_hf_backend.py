@@ -9,6 +9,7 @@ import pytest
 import torch
 from creditlab.backends.hf import HFBackend
 from creditlab.backends.sampling import SamplingPlan, inverse_cdf, sample_tokens
+from creditlab.errors import ConfigError
 from creditlab.types import GenerationRequest, SamplingParams
 
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
@@ -179,6 +180,19 @@ def test_inverse_cdf_never_draws_a_zero_weight_and_spans_the_row():
     assert torch.allclose(counts[[1, 3, 4]] / 40000.0, torch.tensor([0.5, 0.25, 0.25]), atol=0.01)
     with pytest.raises(ValueError, match="uniform"):
         sample_tokens(weights, SamplingPlan(1.0, 1.0, 0, 1, (), 0, None, 0, ()), None)
+
+
+def test_multinomial_sampler_is_torch_multinomial_bit_for_bit():
+    """backend.sampler=multinomial keeps the draws (and entropies) of runs before issue 40."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    plan = SamplingPlan(1.0, 1.0, 0, 1, (), 0, None, 0, ())
+    tok, lp, ent = sample_tokens(logits, plan, torch.Generator().manual_seed(4))
+    logp = torch.log_softmax(logits, -1)
+    ref = torch.multinomial(logp.exp(), 1, generator=torch.Generator().manual_seed(4)).squeeze(1)
+    assert torch.equal(tok, ref) and torch.equal(lp, logp.gather(1, ref[:, None]).squeeze(1))
+    assert torch.equal(ent, -(logp.exp() * logp).sum(-1))
+    with pytest.raises(ConfigError, match="backend.sampler must be inverse_cdf or multinomial"):
+        HFBackend.Config(sampler="gumbel")
 
 
 def test_generation_config_cannot_change_sampling(mt):

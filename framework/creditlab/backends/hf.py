@@ -31,6 +31,7 @@ from creditlab.accel import Choice, choose
 from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
 from creditlab.backends.sampling import (
+    SAMPLERS,
     SamplingPlan,
     check_requests,
     sample_tokens,
@@ -85,12 +86,12 @@ class HFBackend(GenerationBackend):
             of its forward (same logits up to float rounding; ``use_cache=False`` always runs the
             model's own forward); ``auto`` does so where the model is supported; ``compile`` and
             ``none`` run the model's forward (compiled or not by the model loader).
-        dtype: The dtype of decoding's matrix products: ``auto`` (the model's parameter dtype,
-            so the reported log-probs are the trained model's), ``float32`` or ``bfloat16``
-            (fused steps from bfloat16 weight copies, the rest in float32; other models and the
-            prefill under ``torch.autocast``). bfloat16 runs 2-3x faster where the CPU has
-            bfloat16 units; the sampled log-probs then differ from the trainer's, which
-            ``train/backend/logprob_*`` reports (benchmarks/README.md has both).
+        dtype: Decoding's matrix products: ``auto`` (the model's dtype), ``float32`` or
+            ``bfloat16`` (fused steps from bfloat16 weight copies, the rest float32; the prefill
+            and unfused models under autocast): 1.6-2.1x faster on a CPU with bfloat16 units;
+            the log-probs' gap to the trainer's shows in ``train/backend/logprob_*``.
+        sampler: ``inverse_cdf`` (the module docstring) or ``multinomial`` (per step, draws
+            depend on the whole batch; with ``compact_fraction=0.25``: runs before issue 40).
         fused_shared_context_min: With fused decoding, rows that share a context of at least
             this many tokens (prompt + prefix, padded) keep one copy of its keys/values, read once
             per group at every step; shorter contexts are copied to every row (two matrix
@@ -112,11 +113,14 @@ class HFBackend(GenerationBackend):
         share_prefill: bool = True
         accelerator: str = "auto"
         dtype: str = "auto"
+        sampler: str = "inverse_cdf"
         fused_copy_budget_mb: float = 512.0
         fused_shared_context_min: int = 32
         sync_every: int = 0
 
         def __post_init__(self) -> None:
+            if self.sampler not in SAMPLERS:
+                raise ConfigError(f"backend.sampler must be {' or '.join(SAMPLERS)}, got '{self.sampler}'")
             if self.dtype not in ("auto", "float32", "bfloat16"):
                 raise ConfigError(f"backend.dtype must be auto, float32 or bfloat16 for the hf "
                                  f"backend, got '{self.dtype}'")
@@ -295,7 +299,8 @@ class HFBackend(GenerationBackend):
         alive = torch.ones(n, dtype=torch.bool, device=device)
         use_cache = self.config.use_cache
         # (N, max_new) float64: row i's uniform of step s, whatever the batch looks like then
-        uniforms = None if plan.greedy else torch.rand(
+        legacy = self.config.sampler == "multinomial"
+        uniforms = None if plan.greedy or legacy else torch.rand(
             (n, max_new), generator=gen, dtype=torch.float64, device=device)
         cache = make_cache(self.model, width + max_new, self.config.preallocate_kv) if use_cache else None
         stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
@@ -347,7 +352,7 @@ class HFBackend(GenerationBackend):
                 if use_cache:
                     cache = cache_of(out)
                 logits = out.logits[:, -1, :]
-            u = None if uniforms is None else uniforms[rows, step]
+            u = uniforms[rows, step] if uniforms is not None else (gen if legacy else None)
             tok, logp, ent = sample_tokens(logits.float(), plan, u)
             out_tokens[rows, step] = tok  # finished rows too: past their length, cut off
             out_logp[:, rows, step] = torch.stack([logp, ent])

@@ -80,8 +80,14 @@ class SamplingPlan:
         return self.temperature == 0
 
 
+#: How the HF backend draws a token: ``inverse_cdf`` (the default: one uniform per row and step)
+#: or ``multinomial`` (``torch.multinomial`` at every step, as before issue 40: kept so that runs
+#: made before it reproduce exactly, with ``backend.compact_fraction=0.25``).
+SAMPLERS = ("inverse_cdf", "multinomial")
+
+
 def sample_tokens(
-    logits: torch.Tensor, plan: SamplingPlan, uniforms: torch.Tensor | None
+    logits: torch.Tensor, plan: SamplingPlan, uniforms: torch.Tensor | torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Choose one token per row; return its log-prob and the distribution's entropy, both
     before truncation.
@@ -92,25 +98,35 @@ def sample_tokens(
         uniforms: (A,) float64 in [0, 1), one per row (``None`` when greedy): the row's draw is
             the token where its cumulative distribution passes ``uniforms`` (inverse CDF), so a
             row's token depends on its own logits and uniform only, never on the other rows.
+            A ``torch.Generator`` instead: the ``multinomial`` sampler (:data:`SAMPLERS`), whose
+            draws depend on every row of the batch.
 
     Returns:
         ``(tokens, logprobs, entropies)``, each (A,): with ``logp = log_softmax(logits / T)``
         (T = 1 when greedy), ``logprobs = logp[token]`` and ``entropies = -sum(exp(logp) * logp)``
         in nats, i.e. of the temperature-scaled distribution before top-k/top-p truncation.
     """
+    legacy = isinstance(uniforms, torch.Generator)
+    entropy = _masked_entropy if legacy else _entropy
     if plan.greedy:
         tok = logits.argmax(-1)
         logp = torch.log_softmax(logits, -1)
-        return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, logp.exp())
+        return tok, logp.gather(1, tok[:, None]).squeeze(1), entropy(logp, logp.exp())
     if uniforms is None:
         raise ValueError("sampling at temperature > 0 needs one uniform per row")
+
+    def draw(weights: torch.Tensor) -> torch.Tensor:
+        if legacy:
+            return torch.multinomial(weights, 1, generator=uniforms).squeeze(1)
+        return inverse_cdf(weights, uniforms)
+
     scaled = logits / plan.temperature if plan.temperature != 1 else logits
     logp = torch.log_softmax(scaled, -1)
     probs_all = logp.exp()
     vocab = scaled.shape[-1]
     k = plan.top_k if 0 < plan.top_k < vocab else 0
     if k == 0 and plan.top_p >= 1:
-        tok = inverse_cdf(probs_all, uniforms)
+        tok = draw(probs_all)
     else:
         if plan.top_p < 1:
             vals, idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
@@ -123,9 +139,8 @@ def sample_tokens(
             vals = vals.masked_fill(drop, float("-inf"))
         else:
             vals, idx = torch.topk(scaled, k, dim=-1)
-        choice = inverse_cdf(torch.softmax(vals, -1), uniforms)
-        tok = idx.gather(1, choice[:, None]).squeeze(1)
-    return tok, logp.gather(1, tok[:, None]).squeeze(1), _entropy(logp, probs_all)
+        tok = idx.gather(1, draw(torch.softmax(vals, -1))[:, None]).squeeze(1)
+    return tok, logp.gather(1, tok[:, None]).squeeze(1), entropy(logp, probs_all)
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -142,6 +157,11 @@ def _entropy(logp: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     """(A,) entropy of each row of (A, V) log-probs (tokens of probability 0, whose log-prob
     may be -inf, add 0, not NaN)."""
     return -torch.linalg.vecdot(probs, logp.clamp_min(torch.finfo(logp.dtype).min))
+
+
+def _masked_entropy(logp: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """:func:`_entropy` as computed before issue 40 (the ``multinomial`` sampler's, bit for bit)."""
+    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
