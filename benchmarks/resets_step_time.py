@@ -9,8 +9,9 @@ Methods run one after another in this process, interleaved over ``--rounds`` (ro
 method once with seed r), so a change in machine load hits all of them alike. Each run is a real
 ``creditlab train`` (no logger, no evaluation, no checkpoints); the first ``--warmup`` steps of
 each run are dropped and ``time/step_s`` of the others is collected. Prints, per method, the
-median step, generation and update times, the tokens generated and trained per step, and the
-ratio of median step times to GRPO's.
+median step, generation and update times, the tokens generated, prefilled (the HF backend's
+``train/backend/prefill_tokens``: context tokens run through a prefill) and trained per step, and
+the ratio of median step times to GRPO's.
 
 Usage::
 
@@ -70,14 +71,16 @@ def main(argv: list[str] | None = None) -> None:
     base = med(methods[0], "time/step_s")
     print(f"\nmedian over {args.rounds} rounds x {args.steps - args.warmup} steps, "
           f"threads={args.threads}, baseline {methods[0]}")
-    print(f"{'method':<14}{'step s':>8}{'gen s':>8}{'update s':>10}{'gen tok':>9}{'trained tok':>13}{'ratio':>7}")
+    print(f"{'method':<14}{'step s':>8}{'gen s':>8}{'update s':>10}{'gen tok':>9}{'prefill tok':>13}"
+          f"{'trained tok':>13}{'ratio':>7}")
     for m in methods:
         step = med(m, "time/step_s")
         trained = statistics.median(
             b["tokens/trained"] - a["tokens/trained"] for a, b in zip(rows[m], rows[m][1:])
         ) if len(rows[m]) > 1 else float("nan")
         print(f"{m:<14}{step:>8.2f}{med(m, 'time/generate_s'):>8.2f}{med(m, 'time/update_s'):>10.2f}"
-              f"{med(m, 'train/tokens_generated'):>9.0f}{trained:>13.0f}{step / base:>7.2f}")
+              f"{med(m, 'train/tokens_generated'):>9.0f}{med(m, 'train/backend/prefill_tokens'):>13.0f}"
+              f"{trained:>13.0f}{step / base:>7.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -19,6 +19,7 @@ The engine start (seconds until ``vllm.LLM`` is ready) is reported separately. R
 venv that has both backends::
 
     make bench-vllm                                         # .venv-vllm, default settings
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --only generate --model smollm2_135m --dtype bfloat16
     .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --threads 2 --rounds 6 --steps 8 --json out.json
     VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python benchmarks/vllm_vs_hf.py   # vLLM on 2 cores
 
@@ -39,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step_vs_trl import build_checkpoint, digit_fraction, make_prompts  # noqa: E402
+from grpo_step_vs_trl import adopt_checkpoint, build_checkpoint, digit_fraction, make_prompts  # noqa: E402
 
 
 def stats(values: list[float]) -> dict[str, float]:
@@ -49,13 +50,13 @@ def stats(values: list[float]) -> dict[str, float]:
             "max": max(values), "n": len(values)}
 
 
-def make_backend(name: str, model, tokenizer, compile_vllm: bool = False):
+def make_backend(name: str, model, tokenizer, compile_vllm: bool = False, dtype: str = "auto"):
     from creditlab.backends.hf import HFBackend
     from creditlab.backends.vllm import VLLMBackend
 
     if name == "hf":
-        return HFBackend(model=model, tokenizer=tokenizer)
-    config = VLLMBackend.Config(kv_cache_gib=1.0, enforce_eager=not compile_vllm)
+        return HFBackend(HFBackend.Config(dtype=dtype), model=model, tokenizer=tokenizer)
+    config = VLLMBackend.Config(kv_cache_gib=1.0, enforce_eager=not compile_vllm, dtype=dtype)
     return VLLMBackend(config, model=model, tokenizer=tokenizer)
 
 
@@ -65,7 +66,7 @@ def bench_generation(args, ckpt: str) -> dict:
     from creditlab.types import GenerationRequest, SamplingParams
 
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
-    backends = {name: make_backend(name, model, tok, args.vllm_compile) for name in ("hf", "vllm")}
+    backends = {name: make_backend(name, model, tok, args.vllm_compile, args.dtype) for name in ("hf", "vllm")}
     start = time.perf_counter()
     backends["vllm"].engine()
     engine_start = time.perf_counter() - start
@@ -87,9 +88,15 @@ def bench_generation(args, ckpt: str) -> dict:
     same = [c.response_ids for c in backends["hf"].generate(one_each, greedy)] == [
         c.response_ids for c in backends["vllm"].generate(one_each, greedy)
     ]
+    syncs = []  # a weight sync as after every update (the engine reloads the trained weights)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        backends["vllm"].load_weights(None)
+        syncs.append(time.perf_counter() - t0)
     backends["vllm"].close()
     return {"tokens_per_s": {k: stats(v) for k, v in rates.items()},
-            "engine_start_s": engine_start, "same_greedy_tokens": same}
+            "engine_start_s": engine_start, "same_greedy_tokens": same, "sync_s": stats(syncs),
+            "hf_path": backends["hf"].accelerator.record()}
 
 
 def bench_training(args, ckpt: str, name: str) -> dict:
@@ -184,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-compile", action="store_true",
                         help="let vLLM torch.compile the model (backend.enforce_eager=false)")
     parser.add_argument("--json", default=None, help="write the raw results here")
+    parser.add_argument("--model", default=None,
+                        help="a local model directory or a model recipe (e.g. smollm2_135m) instead of the "
+                             "tiny Llama; its EOS is made unreachable (grpo_step_vs_trl.adopt_checkpoint)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="backend.dtype of both backends (auto: the checkpoint's fp32)")
     args = parser.parse_args(argv)
 
     import torch
@@ -198,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
     ckpt = tempfile.mkdtemp(prefix="bench-vllm-ckpt-")
-    build_checkpoint(Path(ckpt))
+    if args.model:
+        adopt_checkpoint(args.model, Path(ckpt))
+    else:
+        build_checkpoint(Path(ckpt))
     from importlib import metadata
 
     result: dict = {
@@ -214,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(tokens/s, median of {args.rounds}):")
         print(f"  hf   {fmt(g['tokens_per_s']['hf'])}")
         print(f"  vllm {fmt(g['tokens_per_s']['vllm'])}   vllm/hf = {vl / hf:.2f}")
-        print(f"  vLLM engine start {g['engine_start_s']:.1f} s; same greedy tokens: "
-              f"{g['same_greedy_tokens']}")
+        print(f"  vLLM engine start {g['engine_start_s']:.1f} s; weight sync {fmt(g['sync_s'], ' s')}; "
+              f"same greedy tokens: {g['same_greedy_tokens']}; hf path: {g['hf_path']['path']}")
     if args.only in (None, "train"):
         result["train"] = t = {name: bench_training(args, ckpt, name) for name in ("hf", "vllm")}
         print(f"training step {args.prompts}x{args.generations}x{args.train_tokens} "

@@ -314,6 +314,24 @@ def test_sampled_rows_do_not_depend_on_when_finished_rows_are_dropped(mt, accele
         _assert_same_samples(runs[0], other)
 
 
+@pytest.mark.parametrize("accelerator", ["auto", "none"])
+def test_prefill_tokens_count_each_distinct_context_once(mt, accelerator):
+    """``metrics()["prefill_tokens"]``: the contexts' tokens run through the prefill, each
+    distinct context once when the prefill is shared, every row's otherwise."""
+    model, tok = mt
+    reqs = _grouped_reqs(tok)
+    contexts = [tuple(r.prompt_ids) + tuple(r.prefix_ids) for r in reqs]
+    assert len(set(contexts)) < len(contexts)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4, seed=1)
+    for share, expect in ((True, sum(map(len, set(contexts)))), (False, sum(map(len, contexts)))):
+        be = HFBackend(HFBackend.Config(share_prefill=share, accelerator=accelerator), model=model,
+                       tokenizer=tok)
+        be.generate(reqs, sp)
+        be.generate(reqs[:1], sp)
+        assert float(be.metrics()["prefill_tokens"]) == expect + len(contexts[0])
+        assert float(be.metrics()["prefill_tokens"]) == 0  # reset by the call before
+
+
 def test_max_new_tokens_gives_length(backend, mt):
     reqs = _reqs(mt[1])
     for c in _greedy(backend, reqs, n=7):

@@ -19,7 +19,6 @@ depend on the other rows of the batch (up to float rounding).
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from creditlab.backends.sampling import (
     SAMPLERS,
     SamplingPlan,
     check_requests,
+    make_plan,
     sample_tokens,
     split_stops,
     text_stop,
@@ -139,7 +139,7 @@ class HFBackend(GenerationBackend):
         #: Settings actually used by the last ``generate`` call (TESTING trap 7).
         self.last_effective: dict = {}
         self._keeps_logits = accepts_logits_to_keep(model)  # only the last position's (keep_last)
-        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+        self._stats = dict.fromkeys(("tokens", "prefill_tokens", "seconds", "calls"), 0.0)
         #: The speed path (``path``: ``fused``, ``compile`` or ``none``), recorded with the run.
         self.accelerator: Choice = choose(self.config.accelerator, model)
         self._fused: FusedDecoder | None = None
@@ -207,11 +207,13 @@ class HFBackend(GenerationBackend):
         return {"accelerator": self.accelerator.record()}
 
     def metrics(self) -> dict[str, float]:
-        """Generated tokens, calls, seconds and tokens/s since the last call (then reset)."""
+        """Generated tokens, prefilled tokens (the contexts' tokens run through the first forward
+        of a batch: each distinct context once when shared), calls, seconds and tokens/s since
+        the last call (then reset)."""
         s = self._stats
         out: dict[str, float] = {k: Sum(v) for k, v in s.items()}
         out["tokens_per_s"] = Mean(s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0)
-        self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0}
+        self._stats = dict.fromkeys(s, 0.0)
         return out
 
     # ---------------------------------------------------------------------------- internals
@@ -219,28 +221,14 @@ class HFBackend(GenerationBackend):
         return next(self.model.parameters()).device
 
     def _plan(self, sp: SamplingParams) -> SamplingPlan:
-        tok = self.tokenizer
-        stop_ids, stop_texts = split_stops(tok, sp.stop)
-        eos = tok.eos_token_id
-        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
-        return SamplingPlan(
-            temperature=float(sp.temperature),
-            top_p=float(sp.top_p),
-            top_k=int(sp.top_k),
-            max_new_tokens=int(sp.max_new_tokens),
-            stop=tuple(sp.stop),
-            seed=int(sp.seed) if sp.seed is not None else secrets.randbits(63),
-            eos_token_id=eos,
-            pad_token_id=pad,
-            stop_token_ids=stop_ids,
-            stop_texts=stop_texts,
-        )
+        return make_plan(self.tokenizer, sp)
 
     def _forward(self, **kwargs: Any) -> Any:
-        """The model's forward, under ``torch.autocast`` when ``dtype`` is not the model's own."""
-        device = self._device()
-        own = next(self.model.parameters()).dtype
-        with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != own):
+        """The model's forward, under ``torch.autocast`` when ``dtype`` is not the model's own
+        (otherwise in the caller's autocast state: a run's bf16-mixed precision stays on)."""
+        if self.dtype == next(self.model.parameters()).dtype:
+            return self.model(**kwargs)
+        with torch.autocast(self._device().type, dtype=self.dtype):
             return self.model(**kwargs)
 
     def _generate_batch(
@@ -331,6 +319,7 @@ class HFBackend(GenerationBackend):
                 )
                 cache = cache_of(out)
                 logits = out.logits[:, -1, :][inverse]
+                self._stats["prefill_tokens"] += sum(len(contexts[i]) for i in first.tolist())
                 if fused is not None and plain_kv(cache):
                     fused.start(cache, inverse, mask[first, :width].bool() if has_pad else None,
                                 max_new - 1, self.config.fused_shared_context_min)
@@ -352,6 +341,8 @@ class HFBackend(GenerationBackend):
                 if use_cache:
                     cache = cache_of(out)
                 logits = out.logits[:, -1, :]
+                if step == 0:
+                    self._stats["prefill_tokens"] += sum(len(c) for c in contexts)
             u = uniforms[rows, step] if uniforms is not None else (gen if legacy else None)
             tok, logp, ent = sample_tokens(logits.float(), plan, u)
             out_tokens[rows, step] = tok  # finished rows too: past their length, cut off

@@ -5,6 +5,7 @@ check, and the per-step draw of the HF backend's decoding loop.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,26 @@ class SamplingPlan:
 #: or ``multinomial`` (``torch.multinomial`` at every step, as before issue 40: kept so that runs
 #: made before it reproduce exactly, with ``backend.compact_fraction=0.25``).
 SAMPLERS = ("inverse_cdf", "multinomial")
+
+
+def make_plan(tokenizer: Any, sp: SamplingParams) -> SamplingPlan:
+    """The plan of ``sp`` for ``tokenizer``: its EOS and pad ids, stop strings split into token
+    ids and texts (:func:`split_stops`), and a fresh random seed when ``sp.seed`` is None."""
+    stop_ids, stop_texts = split_stops(tokenizer, sp.stop)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    return SamplingPlan(
+        temperature=float(sp.temperature),
+        top_p=float(sp.top_p),
+        top_k=int(sp.top_k),
+        max_new_tokens=int(sp.max_new_tokens),
+        stop=tuple(sp.stop),
+        seed=int(sp.seed) if sp.seed is not None else secrets.randbits(63),
+        eos_token_id=eos,
+        pad_token_id=pad,
+        stop_token_ids=stop_ids,
+        stop_texts=stop_texts,
+    )
 
 
 def sample_tokens(
