@@ -54,6 +54,9 @@ def test_weights_kv_cache_optimizer_by_hand(tmp_path):
     assert plan.parts["optimizer"] == 2 * QWEN_PARAMS * 2  # AdamW: two moments in the weights' dtype
     # 2 (K, V) x 2 layers x 2 KV heads x 16 dims x 2 bytes per token, 8 rows x (10 + 8) tokens
     assert plan.parts["kv cache"] == 2 * 2 * 2 * 16 * 2 * 8 * 18
+    # the HF backend's prefix store: every decoded row's keys/values, within prefix_cache_mb
+    assert plan.parts["prefix store"] == plan.parts["kv cache"]
+    assert _plan(tmp_path, "+backend.prefix_cache_mb=0").parts["prefix store"] == 0
     assert plan.parts["reference"] == 0 and plan.parts["autocast copies"] == 0
     # fp32 logits of 8 rows x 8 tokens x 1000 entries: the logits, two gradients and a temporary;
     # bf16 logits at temperature 0.7 add their fp32 copy and the scaled logits

@@ -177,7 +177,7 @@ class FusedDecoder:
         """
         if not supported(model):
             return None
-        size = torch.tensor([], dtype=dtype).element_size()
+        size = dtype.itemsize
         linears = [lin for layer in inner_model(model).model.layers
                    for lin in (*layer.self_attn.children(), *layer.mlp.children())
                    if isinstance(lin, torch.nn.Module) and hasattr(lin, "in_features")]
@@ -277,6 +277,25 @@ class FusedDecoder:
                 if self._mask is not None:
                     self._mask = self._mask.index_select(0, used)
         self._regroup(inverse)
+
+    def row_kv(self, b: int, fed: int) -> torch.Tensor:
+        """(layers, 2, H_kv, C + fed, D): batch row ``b``'s keys/values, those of its context's C
+        real (unmasked) positions, then those of its first ``fed`` generated tokens."""
+        u = int(self._inverse[b])
+        real = None if self._mask is None else self._mask[u].nonzero().squeeze(1)
+        out = []
+        for i in range(len(self.layers)):
+            pair = []
+            for ctx, gen in ((self._kp, self._kg), (self._vp, self._vg)):
+                if self._split:
+                    c, g = ctx[i][u], gen[i][b, :, :fed]
+                else:
+                    c, g = gen[i][b, :, : self._w], gen[i][b, :, self._w : self._w + fed]
+                if real is not None:
+                    c = c.index_select(1, real)
+                pair.append(torch.cat([c, g], dim=1))
+            out.append(torch.stack(pair))
+        return torch.stack(out)
 
     def _to_slots(self, x: torch.Tensor) -> torch.Tensor:
         """(A, H_kv, G, *) per row -> (U, H_kv, g * G, *) per context (unused slots are 0)."""

@@ -29,6 +29,7 @@ import torch
 from creditlab.accel import Choice, choose
 from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
+from creditlab.backends.prefix_store import PrefixStore, keep_rows, past_cache
 from creditlab.backends.sampling import (
     SAMPLERS,
     SamplingPlan,
@@ -90,6 +91,9 @@ class HFBackend(GenerationBackend):
             ``bfloat16`` (fused steps from bfloat16 weight copies, the rest float32; the prefill
             and unfused models under autocast): 1.6-2.1x faster on a CPU with bfloat16 units;
             the log-probs' gap to the trainer's shows in ``train/backend/logprob_*``.
+        prefix_cache_mb: Keep what the fused steps decoded (keys/values, at most this many MB,
+            until the weights change) for a later request that continues it: the next thought, a
+            reset, a Monte-Carlo continuation (:mod:`creditlab.backends.prefix_store`); 0 = off.
         sampler: ``inverse_cdf`` (the module docstring) or ``multinomial`` (per step, draws
             depend on the whole batch; with ``compact_fraction=0.25``: runs before issue 40).
         fused_shared_context_min: With fused decoding, rows that share a context of at least
@@ -114,6 +118,7 @@ class HFBackend(GenerationBackend):
         accelerator: str = "auto"
         dtype: str = "auto"
         sampler: str = "inverse_cdf"
+        prefix_cache_mb: float = 1024.0
         fused_copy_budget_mb: float = 512.0
         fused_shared_context_min: int = 32
         sync_every: int = 0
@@ -122,8 +127,7 @@ class HFBackend(GenerationBackend):
             if self.sampler not in SAMPLERS:
                 raise ConfigError(f"backend.sampler must be {' or '.join(SAMPLERS)}, got '{self.sampler}'")
             if self.dtype not in ("auto", "float32", "bfloat16"):
-                raise ConfigError(f"backend.dtype must be auto, float32 or bfloat16 for the hf "
-                                 f"backend, got '{self.dtype}'")
+                raise ConfigError(f"backend.dtype must be auto, float32 or bfloat16, got '{self.dtype}'")
 
     def __init__(self, config: Config | None = None, *, model, tokenizer) -> None:
         super().__init__(config, model=model, tokenizer=tokenizer)
@@ -143,6 +147,8 @@ class HFBackend(GenerationBackend):
         #: The speed path (``path``: ``fused``, ``compile`` or ``none``), recorded with the run.
         self.accelerator: Choice = choose(self.config.accelerator, model)
         self._fused: FusedDecoder | None = None
+        self._store = PrefixStore(self.config.prefix_cache_mb)
+        self._weights_version = -1  # of the weights the stored keys/values were computed with
 
     # ----------------------------------------------------------------------------- public API
     def generate(
@@ -176,6 +182,10 @@ class HFBackend(GenerationBackend):
             with torch.inference_mode():
                 self._fused = None  # the fused steps' decoder, with this call's weights
                 fused = self.accelerator.path == "fused"
+                version = sum(p._version for p in self.model.parameters())  # bumps at every write
+                if version != self._weights_version:
+                    self._store.clear()
+                    self._weights_version = version
                 if fused and self.config.use_cache and plan.max_new_tokens > 1:
                     self._fused = FusedDecoder.build(
                         self.model, self.config.fused_copy_budget_mb, self.dtype)
@@ -194,13 +204,14 @@ class HFBackend(GenerationBackend):
         return results  # type: ignore[return-value]
 
     def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:
-        """No-op when ``state_dict`` is None: the backend samples from the trained module itself.
-
-        Otherwise the tensors are copied into the module (``load_state_dict``, strict).
-        """
+        """No-op when ``state_dict`` is None (the backend samples from the trained module itself);
+        otherwise the tensors are copied into the module (``load_state_dict``, strict)."""
         if state_dict is not None:
             with torch.no_grad():
                 self.model.load_state_dict(state_dict, strict=True)
+
+    def release(self) -> None:  # the stored keys/values (prefix_cache_mb)
+        self._store.clear()
 
     def describe(self) -> dict[str, Any]:
         """The speed path this backend chose (:mod:`creditlab.accel`), recorded with the run."""
@@ -216,11 +227,10 @@ class HFBackend(GenerationBackend):
         self._stats = dict.fromkeys(s, 0.0)
         return out
 
-    # ---------------------------------------------------------------------------- internals
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _plan(self, sp: SamplingParams) -> SamplingPlan:
+    def _plan(self, sp: SamplingParams) -> SamplingPlan:  # a method: benchmarks patch it
         return make_plan(self.tokenizer, sp)
 
     def _forward(self, **kwargs: Any) -> Any:
@@ -309,19 +319,19 @@ class HFBackend(GenerationBackend):
                 first, inverse = shared if shared is not None else (range(n), range(n))
                 first = torch.tensor(first, device=device)
                 inverse = torch.tensor(inverse, device=device)
-                out = self._forward(
-                    input_ids=ids[first],
-                    attention_mask=mask[first, :cols],
-                    position_ids=pos[first],
-                    use_cache=True,
-                    **{CACHE_KEY: cache},
-                    **last_only,
-                )
+                distinct = [contexts[i] for i in first.tolist()]
+                hits = self._store.match(distinct) if fused is not None else [(0, None)] * len(distinct)
+                feed, reused = (ids[first], mask[first, :cols], pos[first]), any(n for n, _ in hits)
+                if reused:  # stored keys/values for what continues a stored row, prefill the rest
+                    cache = make_cache(self.model, max(n for n, _ in hits) + width, True)
+                    feed = past_cache(cache, hits, distinct, pad, device)
+                out = self._forward(input_ids=feed[0], attention_mask=feed[1], position_ids=feed[2],
+                                    use_cache=True, **{CACHE_KEY: cache}, **last_only)
                 cache = cache_of(out)
                 logits = out.logits[:, -1, :][inverse]
-                self._stats["prefill_tokens"] += sum(len(contexts[i]) for i in first.tolist())
+                self._stats["prefill_tokens"] += sum(len(c) - n for c, (n, _) in zip(distinct, hits))
                 if fused is not None and plain_kv(cache):
-                    fused.start(cache, inverse, mask[first, :width].bool() if has_pad else None,
+                    fused.start(cache, inverse, feed[1].bool() if has_pad or reused else None,
                                 max_new - 1, self.config.fused_shared_context_min)
                     cache = None  # the fused steps own the keys/values from here
                 else:
@@ -364,15 +374,14 @@ class HFBackend(GenerationBackend):
                 why[rows] = torch.where(newly, reason, why[rows])
                 ended |= newly
             alive &= ~ended
-            if step + 1 == max_new:
-                return  # rows still alive keep length max_new and reason "length"
-            if (step + 1) % every:
-                n_dead = 0  # no look at the host this step
-            else:
-                n_dead = len(rows) - int(alive.sum())
-                if n_dead == len(rows):
-                    return
-            if n_dead and n_dead >= self.config.compact_fraction * len(rows):
+            n_dead = 0 if (step + 1) % every else len(rows) - int(alive.sum())  # a look at the host
+            done = step + 1 == max_new or n_dead == len(rows)  # rows alive at the end: "length"
+            compact = bool(n_dead) and n_dead >= self.config.compact_fraction * len(rows)
+            if fused is not None and (done or compact) and self.config.prefix_cache_mb > 0:
+                keep_rows(self._store, fused, rows, None if done else ~alive, contexts, out_tokens, ended_at)
+            if done:
+                return
+            if compact:
                 keep = alive.nonzero().squeeze(1)
                 rows, alive, tok = rows[keep], alive[keep], tok[keep]
                 mask, last_pos = mask[keep], last_pos[keep]

@@ -108,6 +108,11 @@ class GenerationBackend(Part):
                 from the module itself.
         """
 
+    def release(self) -> None:  # noqa: B027
+        """Free what the backend keeps between ``generate`` calls (e.g. the keys/values of rows
+        it decoded, for later calls that continue them): called before every update, so that
+        the update's memory is its own. Default: nothing kept."""
+
     def describe(self) -> dict[str, Any]:
         """What a run records about how this backend generates (``environment.json``'s
         ``backend`` entry and the W&B config), e.g. the speed path it chose. Default: nothing."""

@@ -166,6 +166,7 @@ RANGES: dict[str, Range] = {
     "backend.max_batch_size": _int(1, part="hf"),
     "backend.compact_fraction": Range(0, 1, part="hf"),
     "backend.fused_copy_budget_mb": Range(0, part="hf"),
+    "backend.prefix_cache_mb": Range(0, part="hf"),
     "backend.fused_shared_context_min": _int(0, part="hf"),
     "backend.max_model_len": _int(1, "null = the model's max_position_embeddings", optional=True, part="vllm"),
     "backend.kv_cache_gib": Range(0, open_low=True, part="vllm"),

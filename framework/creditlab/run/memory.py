@@ -30,7 +30,9 @@ layers, ``H`` hidden, ``I`` MLP width, ``V`` vocabulary, ``b`` rows of one updat
   accumulator when the head trains (not under LoRA).
 * generation: KV cache ``2 · n · kv_heads · head_dim · w · rows · (prompt + T)``; per decoding step
   ``rows · V · (a + 16 [+ 8: sort indices for top-p / top-k])``; prefill ``rows · prompt · (4H +
-  3I) · a`` (one layer at a time, no grad). ``backend=vllm``: the engine's weight copy and
+  3I) · a`` (one layer at a time, no grad); the HF backend's prefix store keeps the decoded rows'
+  keys/values, at most ``backend.prefix_cache_mb`` and ``rows · (prompt + T)`` tokens' worth, until
+  the update (released before it). ``backend=vllm``: the engine's weight copy and
   ``backend.kv_cache_gib`` instead.
 * checkpoint: Lightning serializes the trained weights and the optimizer state into memory before
   writing them, ``(1 + k) · P_t · w_t`` (host memory; frozen weights are left out).
@@ -82,7 +84,7 @@ __all__ = ["GIB", "PHASE_PARTS", "Plan", "Shape", "auto_token_budget", "availabl
 #: ``advantage``: the estimator's own components, :mod:`creditlab.run.memory_phases`).
 PHASE_PARTS = {
     "update": ("weights", "reference", "gradients", "optimizer", "autocast copies", "activations", "logits"),
-    "generation": ("weights", "reference", "optimizer", "generation tensors", "kv cache"),
+    "generation": ("weights", "reference", "optimizer", "generation tensors", "kv cache", "prefix store"),
     "checkpoint": ("weights", "reference", "optimizer", "checkpoint buffer"),
 }
 HALF_TRUE = ("bf16-true", "16-true")
@@ -184,6 +186,8 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
 
     gen_rows = min(rows, max_rows)
     parts["generation tensors"], parts["kv cache"] = generation(gen_rows, prompt)
+    store = float(OmegaConf.select(cfg, "backend.prefix_cache_mb", default=1024.0) or 0) * 2**20
+    parts["prefix store"] = min(store, rows * (prompt + T) * kv_token) if backend == "hf" else 0
     parts["checkpoint buffer"] = (1 + k) * trained * w_t  # Lightning serializes into memory first
     eval_rows = min(ev.batch_size, max_rows, (ev.problems or eval_count) * max(1, ev.samples)) if ev.every else 0
     phase_parts = dict(PHASE_PARTS)

@@ -207,7 +207,8 @@ class CreditAssignmentModule(EvaluationHooks, PolicyUpdate, L.LightningModule):
         advantages = self.parts.advantage.estimate(rollout, ctx)
         assert advantages.values.shape == rollout.loss_mask.shape, "estimator returned wrong shape"
 
-        # 3. Policy-gradient updates on the batch.
+        # 3. Policy-gradient updates on the batch (the backend's caches freed first).
+        self.parts.backend.release()
         t1 = time.perf_counter()
         update_metrics = self.update(rollout, advantages.values.to(rollout.device))
         t_train = time.perf_counter() - t1
