@@ -62,9 +62,11 @@ def test_targets_and_trainable_parameters():
         torch.testing.assert_close(fresh(ids).logits, tiny_model_and_tokenizer()[0](ids).logits)
 
 
-def test_fused_paths_decline_the_peft_model():
+def test_fused_decoder_takes_the_peft_model():
+    """Since issue 40 the fused decoder runs a plain LoRA model from its effective weights
+    (tests/unit/test_accel.py checks its samples against peft's forward)."""
     model, _ = _lora_model()
-    assert not supported(model) and FusedDecoder.build(model) is None
+    assert supported(model) and FusedDecoder.build(model) is not None
 
 
 def _requests(tok):
