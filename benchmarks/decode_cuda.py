@@ -16,7 +16,10 @@ every row held to ``--new-tokens`` (no EOS), with the HF backend:
 * ``fused-fp32`` / ``fused-bf16``: the fused decoding steps (``backend.dtype`` float32 /
   bfloat16: bf16 copies of the weights made once per call);
 * ``trainer-gpu``: what ``trainer=gpu`` runs: ``model.accelerator=auto`` on the float32 policy,
-  inside Lightning's bf16-mixed autocast.
+  inside Lightning's bf16-mixed autocast;
+* ``generate-dynamic`` / ``generate-static``: ``transformers``' own ``generate`` on the bfloat16
+  copy, with its dynamic cache, or with a static cache, which compiles the decoding step
+  (``torch.compile``, CUDA graphs) on CUDA: the library's paths, as references.
 
 The model is random (no hub): a Qwen2.5-0.5B shape (494M parameters, 151,936-token vocabulary)
 by default, or ``--shape smollm2`` (SmolLM2-135M's shape) or ``tiny`` (to try the script on a CPU).
@@ -42,7 +45,8 @@ SHAPES = {  # Qwen2 configs: (hidden, intermediate, layers, heads, kv heads, voc
     "smollm2": (576, 1536, 30, 9, 3, 49152, True),
     "tiny": (64, 128, 2, 2, 1, 512, True),
 }
-VARIANTS = ("trainer-gpu", "fused-bf16", "forward-bf16", "fused-fp32", "forward-fp32", "forward-autocast")
+VARIANTS = ("trainer-gpu", "fused-bf16", "forward-bf16", "fused-fp32", "forward-fp32", "forward-autocast",
+            "generate-dynamic", "generate-static")
 
 
 def build_model(shape: str, device: str):
@@ -56,6 +60,31 @@ def build_model(shape: str, device: str):
     torch.manual_seed(0)
     with torch.device(device):
         return Qwen2ForCausalLM(cfg).float().eval()
+
+
+class LibraryGenerate:
+    """``model.generate`` behind the backend's ``generate(requests, sampling)`` (equal-length
+    prompts, T = 1, no EOS): what ``transformers`` alone gives."""
+
+    def __init__(self, model, static: bool) -> None:
+        self.model, self.static = model, static
+
+    @property
+    def path(self) -> str:  # "graph" once generate compiled the model's step
+        return "graph" if hasattr(self.model, "_compiled_call") else "eager"
+
+    def generate(self, requests, sampling) -> list:
+        import types
+
+        import torch
+
+        ids = torch.tensor([r.prompt_ids for r in requests], device=self.model.device)
+        torch.manual_seed(sampling.seed or 0)
+        out = self.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+            top_p=1.0, max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens,
+            pad_token_id=0, eos_token_id=None, **({"cache_implementation": "static"} if self.static else {}))
+        return [types.SimpleNamespace(response_ids=row[ids.shape[1]:].tolist()) for row in out]
 
 
 def copy_bandwidth(device: str) -> float:
@@ -108,13 +137,15 @@ def main() -> None:
     print(f"{name}; torch {torch.__version__}; {args.shape} shape, {params / 1e6:.0f}M parameters; "
           f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; prompts {args.prompt_tokens} + {args.new_tokens} new tokens")
 
-    def backend(variant: str) -> tuple[HFBackend, object]:
+    def backend(variant: str) -> tuple[HFBackend | LibraryGenerate, str]:
         nonlocal bf16_model
         base = HFBackend.Config(fused_copy_budget_mb=1 << 16)  # the copies fit a GPU
         m = model
-        if variant == "forward-bf16":
+        if variant in ("forward-bf16", "generate-dynamic", "generate-static"):
             bf16_model = bf16_model or build_model(args.shape, args.device).to(torch.bfloat16)
             m = bf16_model
+        if variant.startswith("generate-"):
+            return LibraryGenerate(m, static=variant == "generate-static"), "eager"
         conf = {"forward-fp32": dict(accelerator="none", dtype="float32"),
                 "forward-autocast": dict(accelerator="none", dtype="bfloat16"),
                 "forward-bf16": dict(accelerator="none"),
@@ -151,6 +182,7 @@ def main() -> None:
                 if r >= 0:
                     rates.append(n / seconds)
             rate = statistics.median(rates)
+            path = getattr(b, "path", path) if isinstance(b, LibraryGenerate) else path
             step_bytes = 2 * params + rows * (args.prompt_tokens + args.new_tokens / 2) * kv_per_token
             bound = rows * bandwidth / step_bytes
             out.append(dict(variant=variant, path=path, rows=rows, tokens_per_s=rate, bound=bound))

@@ -35,7 +35,10 @@ stage() {  # stage NAME SECONDS CMD...: run with a limit, log to $OUT/NAME.log, 
     echo "== $name: rc $? in $((SECONDS - t0)) s"
     tail -n "${TAIL:-8}" "$OUT/$name.log"
 }
-stage fast "${FAST_S:-110}" python3 -m pytest tests/gpu -v -rs -m "not slow" --timeout 100
-stage slow "${SLOW_S:-220}" python3 -m pytest tests/gpu -v -rs -m slow --timeout 200 --durations=0
-TAIL=25 stage decode "${DECODE_S:-150}" python3 benchmarks/decode_cuda.py --batch 16,64,256 \
-    --new-tokens 128 --rounds 1 --json "$OUT/decode.json"
+# FAST_K / SLOW_K: a pytest -k selection (a rerun of what failed); DECODE_ARGS: decode_cuda.py's
+stage fast "${FAST_S:-110}" python3 -m pytest tests/gpu -v -rs -m "not slow" --timeout 100 ${FAST_K:+-k "$FAST_K"}
+stage slow "${SLOW_S:-220}" python3 -m pytest tests/gpu -v -rs -m slow --timeout 200 --durations=0 \
+    ${SLOW_K:+-k "$SLOW_K"}
+# shellcheck disable=SC2086
+TAIL=25 stage decode "${DECODE_S:-150}" python3 benchmarks/decode_cuda.py \
+    ${DECODE_ARGS:---batch 16,64,256 --new-tokens 128 --rounds 1} --json "$OUT/decode.json"

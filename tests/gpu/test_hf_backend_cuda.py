@@ -184,8 +184,11 @@ def test_greedy_bf16_on_cuda_is_consistent_and_close_to_fp32(cpu_pair, kind):
 
 def test_sampling_on_cuda_is_seeded_and_scores_like_the_trainer(cpu_pair, fp32_matmuls):
     """Temperature/top-p/top-k sampling with the CUDA generator: the same seed gives the same
-    completions; the reported log-probs and entropies are those of ``log_softmax(logits / T)``
-    before truncation, as the CUDA and the CPU teacher-forced forwards give them (``FP32_TOL``)."""
+    completions from two new backends; the reported log-probs and entropies are those of
+    ``log_softmax(logits / T)`` before truncation, as the CUDA and the CPU teacher-forced forwards
+    give them (``FP32_TOL``). A second call on one backend may reuse the keys/values the first
+    stored (``backend.prefix_cache_mb``: here the continued prompts): the same tokens, log-probs
+    within float rounding."""
     from creditlab.types import SamplingParams
 
     model, tok = cpu_pair
@@ -193,8 +196,12 @@ def test_sampling_on_cuda_is_seeded_and_scores_like_the_trainer(cpu_pair, fp32_m
     backend = _backend(gpu_model, tok, "auto")
     reqs = _requests(tok, "generate") + _requests(tok, "continue")
     sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=24, seed=11)
-    a, b = backend.generate(reqs, sp), backend.generate(reqs, sp)
+    a, b = backend.generate(reqs, sp), _backend(gpu_model, tok, "auto").generate(reqs, sp)
     assert a == b, "same seed, different completions on CUDA"
+    again = backend.generate(reqs, sp)
+    assert [c.response_ids for c in again] == [c.response_ids for c in a]
+    for c, d in zip(a, again):
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(d.logprobs), atol=FP32_TOL)
     for i, (r, c) in enumerate(zip(reqs, a)):
         assert c.response_ids[: c.prefix_len] == r.prefix_ids
         got = torch.tensor(c.logprobs)

@@ -109,6 +109,23 @@ def test_the_step_hands_the_update_its_batch_on_the_policy_device():
     assert seen["advantages"] == META
 
 
+def test_the_credit_metrics_get_the_advantages_on_the_batch_device():
+    """The credit metrics weigh the advantages by the batch's loss mask, so both must be on one
+    device (on CUDA, every estimator that builds its advantages on the host crashed there)."""
+    module, seen = _meta_module()
+    module.update = lambda rollout, advantages: {}
+    module.step_metrics = lambda rollout, generated: {}
+
+    def credit(rollout, advantages):
+        seen["credit"] = (rollout.loss_mask.device, advantages.device)
+        raise _Stop
+
+    module.credit = credit
+    with pytest.raises(_Stop):
+        module.training_step(None, 0)
+    assert seen["credit"] == (META, META)
+
+
 def test_the_reference_model_follows_the_policy():
     model, _ = tiny_model_and_tokenizer(seed=0)
     module, _ = _meta_module(reference=copy.deepcopy(model).requires_grad_(False))

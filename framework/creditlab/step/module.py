@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning as L
@@ -206,11 +206,12 @@ class CreditAssignmentModule(EvaluationHooks, PolicyUpdate, L.LightningModule):
         rollout = with_segments(rollout, self.parts.segmenter.segment(rollout))
         advantages = self.parts.advantage.estimate(rollout, ctx)
         assert advantages.values.shape == rollout.loss_mask.shape, "estimator returned wrong shape"
+        advantages = replace(advantages, values=advantages.values.to(rollout.device))
 
         # 3. Policy-gradient updates on the batch (the backend's caches freed first).
         self.parts.backend.release()
         t1 = time.perf_counter()
-        update_metrics = self.update(rollout, advantages.values.to(rollout.device))
+        update_metrics = self.update(rollout, advantages.values)
         t_train = time.perf_counter() - t1
 
         # 4. Sync generation weights, then log the global metrics (rank 0 writes them).

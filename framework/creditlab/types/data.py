@@ -45,7 +45,9 @@ class SamplingParams:
 
     ``top_k=0`` means no top-k truncation; ``temperature=0`` means greedy decoding.
     ``stop`` strings end a sequence after the token that completes them (kept in the output).
-    ``seed`` seeds the call's sampling RNG (same seed + same requests => same completions).
+    ``seed`` seeds the call's sampling RNG (same seed + same requests => same completions from a
+    backend in the same state; one that reuses keys/values it stored, as the HF backend's
+    ``prefix_cache_mb``, may differ by float rounding).
     """
 
     temperature: float = 1.0
