@@ -50,13 +50,15 @@ def stats(values: list[float]) -> dict[str, float]:
             "max": max(values), "n": len(values)}
 
 
-def make_backend(name: str, model, tokenizer, compile_vllm: bool = False, dtype: str = "auto"):
+def make_backend(name: str, model, tokenizer, compile_vllm: bool = False, dtype: str = "auto",
+                 weight_sync: str = "auto"):
     from creditlab.backends.hf import HFBackend
     from creditlab.backends.vllm import VLLMBackend
 
     if name == "hf":
         return HFBackend(HFBackend.Config(dtype=dtype), model=model, tokenizer=tokenizer)
-    config = VLLMBackend.Config(kv_cache_gib=1.0, enforce_eager=not compile_vllm, dtype=dtype)
+    config = VLLMBackend.Config(kv_cache_gib=1.0, enforce_eager=not compile_vllm, dtype=dtype,
+                                weight_sync=weight_sync)
     return VLLMBackend(config, model=model, tokenizer=tokenizer)
 
 
@@ -66,13 +68,18 @@ def bench_generation(args, ckpt: str) -> dict:
     from creditlab.types import GenerationRequest, SamplingParams
 
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
-    backends = {name: make_backend(name, model, tok, args.vllm_compile, args.dtype) for name in ("hf", "vllm")}
-    start = time.perf_counter()
-    backends["vllm"].engine()
-    engine_start = time.perf_counter() - start
+    syncs = args.weight_sync.split(",")
+    engines = {("vllm" if len(syncs) == 1 else f"vllm:{w}"): w for w in syncs}
+    backends = {"hf": make_backend("hf", model, tok, dtype=args.dtype)}
+    engine_start = {}
+    for name, w in engines.items():
+        backends[name] = make_backend("vllm", model, tok, args.vllm_compile, args.dtype, w)
+        start = time.perf_counter()
+        backends[name].engine()
+        engine_start[name] = time.perf_counter() - start
     prompts = [tuple(tok.encode(p, add_special_tokens=False)) for p in make_prompts(args.prompts)]
     requests = [GenerationRequest(p) for p in prompts for _ in range(args.generations)]
-    rates: dict[str, list[float]] = {"hf": [], "vllm": []}
+    rates: dict[str, list[float]] = {name: [] for name in backends}
     for r in range(args.rounds + 1):  # round 0 warms both up
         sp = SamplingParams(temperature=1.0, max_new_tokens=args.gen_tokens, seed=r)
         for name, backend in backends.items():
@@ -85,18 +92,21 @@ def bench_generation(args, ckpt: str) -> dict:
                 rates[name].append(tokens / dt)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.gen_tokens)
     one_each = requests[:: args.generations]
-    same = [c.response_ids for c in backends["hf"].generate(one_each, greedy)] == [
-        c.response_ids for c in backends["vllm"].generate(one_each, greedy)
-    ]
-    syncs = []  # a weight sync as after every update (the engine reloads the trained weights)
-    for _ in range(3):
-        t0 = time.perf_counter()
-        backends["vllm"].load_weights(None)
-        syncs.append(time.perf_counter() - t0)
-    backends["vllm"].close()
-    return {"tokens_per_s": {k: stats(v) for k, v in rates.items()},
-            "engine_start_s": engine_start, "same_greedy_tokens": same, "sync_s": stats(syncs),
-            "hf_path": backends["hf"].accelerator.record()}
+    hf_greedy = [c.response_ids for c in backends["hf"].generate(one_each, greedy)]
+    out: dict = {"tokens_per_s": {k: stats(v) for k, v in rates.items()}, "engines": {},
+                 "hf_path": backends["hf"].accelerator.record()}
+    for name in engines:
+        times = []  # a weight sync as after every update (the engine reloads the trained weights)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            backends[name].load_weights(None)
+            times.append(time.perf_counter() - t0)
+        same = hf_greedy == [c.response_ids for c in backends[name].generate(one_each, greedy)]
+        out["engines"][name] = {"engine_start_s": engine_start[name], "sync_s": stats(times),
+                                "sync_bytes": backends[name].metrics()["sync_bytes"] / 3,
+                                "transport": backends[name].sync_path, "same_greedy_tokens": same}
+        backends[name].close()
+    return out
 
 
 def bench_training(args, ckpt: str, name: str) -> dict:
@@ -123,7 +133,7 @@ def bench_training(args, ckpt: str, name: str) -> dict:
     model, tok, _ = load_policy(ModelConfig(name_or_path=ckpt))
     problems = [Problem(str(i), p, "") for i, p in enumerate(make_prompts(args.prompts))]
     rollout = RolloutConfig(group_size=args.generations, max_new_tokens=args.train_tokens)
-    backend = make_backend(name, model, tok, args.vllm_compile)
+    backend = make_backend(name, model, tok, args.vllm_compile, weight_sync=args.weight_sync.split(",")[0])
     verifier = DigitFractionVerifier()
     strategy, sampler = PlainRolloutStrategy(rollout=rollout), RolloutSampler(rollout, backend, verifier)
     module = CreditAssignmentModule(
@@ -196,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                              "tiny Llama; its EOS is made unreachable (grpo_step_vs_trl.adopt_checkpoint)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="backend.dtype of both backends (auto: the checkpoint's fp32)")
+    parser.add_argument("--weight-sync", default="auto",
+                        help="backend.weight_sync of the vLLM engine; a comma list (memory,file) runs "
+                             "one engine each, side by side, in the generation bench")
     args = parser.parse_args(argv)
 
     import torch
@@ -224,13 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.only in (None, "generate"):
         result["generate"] = g = bench_generation(args, ckpt)
-        hf, vl = g["tokens_per_s"]["hf"]["median"], g["tokens_per_s"]["vllm"]["median"]
+        hf = g["tokens_per_s"]["hf"]["median"]
         print(f"generate {args.prompts}x{args.generations} requests x {args.gen_tokens} tokens "
-              f"(tokens/s, median of {args.rounds}):")
+              f"(tokens/s, median of {args.rounds}; hf path: {g['hf_path']['path']}):")
         print(f"  hf   {fmt(g['tokens_per_s']['hf'])}")
-        print(f"  vllm {fmt(g['tokens_per_s']['vllm'])}   vllm/hf = {vl / hf:.2f}")
-        print(f"  vLLM engine start {g['engine_start_s']:.1f} s; weight sync {fmt(g['sync_s'], ' s')}; "
-              f"same greedy tokens: {g['same_greedy_tokens']}; hf path: {g['hf_path']['path']}")
+        for name, e in g["engines"].items():
+            rate = g["tokens_per_s"][name]
+            print(f"  {name} {fmt(rate)}   /hf = {rate['median'] / hf:.2f}; engine start "
+                  f"{e['engine_start_s']:.1f} s; weight sync ({e['transport']}, "
+                  f"{e['sync_bytes'] / 1e6:.0f} MB) {fmt(e['sync_s'], ' s')}; same greedy tokens: "
+                  f"{e['same_greedy_tokens']}")
     if args.only in (None, "train"):
         result["train"] = t = {name: bench_training(args, ckpt, name) for name in ("hf", "vllm")}
         print(f"training step {args.prompts}x{args.generations}x{args.train_tokens} "

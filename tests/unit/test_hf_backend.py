@@ -543,3 +543,17 @@ def test_topk_entropy_exact_on_the_head_and_a_lower_bound_on_the_tail():
     assert topk_entropy(entries, 2) <= exact
     sampled = {**{i: entries[i] for i in range(2)}, 5: entries[5]}  # vLLM adds the sampled token
     assert topk_entropy(sampled, 2) == topk_entropy(entries, 2)
+
+
+def test_vllm_weight_sync_settings_are_checked_before_vllm_is_needed():
+    """``backend.weight_sync`` is validated by name (no vLLM needed), and ``memory`` is refused
+    for an engine of several workers, whose workers live in other processes."""
+    from creditlab.backends.vllm import VLLMBackend
+    from creditlab.backends.vllm_params import engine_workers
+
+    assert engine_workers({}) == 1
+    assert engine_workers({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    with pytest.raises(ConfigError, match="backend.weight_sync must be one of auto, memory, file, got 'disk'"):
+        VLLMBackend.Config(weight_sync="disk")
+    with pytest.raises(ConfigError, match="weight_sync=memory needs an engine of one worker"):
+        VLLMBackend.Config(weight_sync="memory", engine_kwargs={"tensor_parallel_size": 2})

@@ -7,6 +7,7 @@ init_std=0.1 gives peaked logits, so there are no near-ties at that scale).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from contextlib import contextmanager
 
@@ -31,7 +32,9 @@ def setup():
     model, tok = tiny_pair(seed=0)
     vllm_backend = small_engine(model, tok)
     vllm_backend.config.engine_kwargs = {"max_logprobs": -1}  # entropy_top_k may be -1 per call
-    vllm_backend.engine()
+    rng = torch.random.get_rng_state()
+    vllm_backend.engine()  # in this process (weight_sync=auto), which seeds the global RNG: restored
+    assert torch.equal(rng, torch.random.get_rng_state()), "starting the engine moved the global RNG"
     yield model, tok, vllm_backend, HFBackend(model=model, tokenizer=tok)
     vllm_backend.close()
 
@@ -277,6 +280,39 @@ def test_weight_sync_changes_the_engine_and_matches_hf_on_the_new_weights(setup)
         vb.load_weights(None)
     for v, b in zip(_greedy(vb, reqs), before):
         _same(v, b)
+
+
+def test_weights_reach_the_engine_from_memory_and_through_a_file_alike(setup):
+    """``weight_sync=auto`` (the module's engine) runs the engine in this process and reloads the
+    policy's tensors with no file; ``file`` keeps the engine in its own processes and goes
+    through the snapshot's safetensors file. Both engines then sample what HF samples on the new
+    weights, and each sync counts the bytes it moved (every parameter, fp32)."""
+    from creditlab.backends.vllm import VLLMBackend
+
+    model, tok, vb, hb = setup
+    by_file = VLLMBackend(dataclasses.replace(vb.config, weight_sync="file"), model=model, tokenizer=tok)
+    reqs = _reqs(tok)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        by_file.engine()
+        assert (vb.sync_path, by_file.sync_path) == ("memory", "file")
+        assert type(vb.llm.llm_engine.engine_core).__name__ == "InprocClient"
+        assert type(by_file.llm.llm_engine.engine_core).__name__ != "InprocClient"
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(7)
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        vb.metrics(), by_file.metrics()
+        for backend in (vb, by_file):
+            backend.load_weights(None)
+            assert backend.metrics()["sync_bytes"] == 4 * sum(t.numel() for t in model.state_dict().values())
+        for m, f, h in zip(_greedy(vb, reqs), _greedy(by_file, reqs), _greedy(hb, reqs)):
+            _same(m, h)
+            _same(f, h)
+    finally:
+        by_file.close()
+        model.load_state_dict(saved)
+        vb.load_weights(None)
 
 
 def test_settings_vllm_would_change_or_cannot_honour_are_refused(setup):

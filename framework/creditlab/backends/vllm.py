@@ -35,34 +35,48 @@ The contract, the same as :class:`~creditlab.backends.hf.HFBackend`'s (tested si
   no penalties) before anything is generated; ``last_effective`` records the settings used.
 
 **Weight sync.** :meth:`VLLMBackend.load_weights` (called by the module after every RL step)
-takes the weights from :meth:`VLLMBackend.engine_state_dict` (the policy's ``state_dict()``;
-override it to send e.g. LoRA-merged weights), writes them as one safetensors file into the
-snapshot folder (on tmpfs when ``/dev/shm`` is writable) and asks every worker to reload them in
-place (``LLM.collective_rpc("reload_weights", ...)``, vLLM 0.32's in-place reload), then resets
-the prefix cache, whose KV blocks were computed with the old weights. This works on CPU and
-needs no insecure serialization; on GPUs, vLLM's NCCL/IPC weight-transfer engines avoid the file
-(override :meth:`VLLMBackend.push_weights`).
+takes the weights from :meth:`VLLMBackend.engine_state_dict` (the policy's ``state_dict()``, LoRA
+adapters merged) and has every worker reload them in place (vLLM 0.32's
+``collective_rpc("reload_weights", ...)``), then resets the prefix cache, whose KV blocks were
+computed with the old weights. Two transports (``weight_sync``):
+
+* ``memory`` (``auto`` where the engine is one worker): the engine runs in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts) and reads the policy's tensors from an
+  iterator, each copied once into the engine's own parameter: no file, no serialization. On a
+  CPU, vLLM then binds this process's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``) and ignores
+  later ``torch.set_num_threads`` calls.
+* ``file``: the engine runs in processes of its own; the weights go through one safetensors file
+  in the snapshot folder (on tmpfs when ``/dev/shm`` is writable). The fallback for engines of
+  several workers, or when the training process must keep its threads.
+
+``train/backend/sync_bytes`` and ``sync_s`` log what each sync moved and took.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import secrets
 import shutil
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from creditlab.backends.sampling import check_requests, split_stops, validate_sampling
 from creditlab.backends.snapshot import snapshot_folder, write_snapshot, write_weights
 from creditlab.backends.vllm_params import (
     GREEDY_BELOW,
+    check_head_size,
+    completions,
+    engine_workers,
     finish_reason,
     request_seed,
     topk_entropy,
@@ -80,6 +94,8 @@ INSTALL_HINT = (
     "GPU machine `pip install 'creditlab[vllm]'`."
 )
 TRUNCATED_LOGPROBS = ("error", "renormalized")
+WEIGHT_SYNCS = ("auto", "memory", "file")
+_IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 def vllm_available() -> bool:
@@ -119,6 +135,8 @@ class VLLMBackend(GenerationBackend):
             HF backend's exact entropies); ``-1`` returns every token's log-prob (exact, costly
             on large vocabularies); ``0`` records no entropies (cheapest).
         engine_kwargs: Extra keyword arguments for ``vllm.LLM`` (e.g. ``tensor_parallel_size``).
+        weight_sync: ``memory``, ``file`` or ``auto`` (``memory`` unless ``engine_kwargs`` asks
+            for several workers): the module docstring.
         """
 
         dtype: str = "auto"
@@ -134,8 +152,12 @@ class VLLMBackend(GenerationBackend):
         log_level: str = "WARNING"
         entropy_top_k: int = 20
         engine_kwargs: dict = field(default_factory=dict)
+        weight_sync: str = "auto"
 
         def __post_init__(self) -> None:
+            if self.weight_sync not in WEIGHT_SYNCS:
+                raise ConfigError(f"backend.weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, "
+                                  f"got '{self.weight_sync}'")
             if self.truncated_logprobs not in TRUNCATED_LOGPROBS:
                 raise ConfigError(
                     f"backend.truncated_logprobs must be one of {', '.join(TRUNCATED_LOGPROBS)}, "
@@ -149,6 +171,9 @@ class VLLMBackend(GenerationBackend):
                 raise ConfigError(f"backend.entropy_top_k must be >= -1, got {self.entropy_top_k}")
             if not self.kv_cache_gib > 0:
                 raise ConfigError(f"backend.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+            if self.weight_sync == "memory" and engine_workers(self.engine_kwargs) > 1:
+                raise ConfigError("backend.weight_sync=memory needs an engine of one worker (no "
+                                  "tensor or pipeline parallelism); use weight_sync=file or auto")
             if not vllm_available():  # fail while validating, before anything is loaded
                 raise ConfigError(INSTALL_HINT)
 
@@ -160,7 +185,9 @@ class VLLMBackend(GenerationBackend):
         self.folder: Path | None = None  # the engine's snapshot (config, tokenizer, weights)
         self._cleanup: Any = None
         self._stats = {"tokens": 0.0, "seconds": 0.0, "calls": 0.0, "syncs": 0.0, "sync_s": 0.0,
-                       "engine_start_s": 0.0}
+                       "sync_bytes": 0.0, "engine_start_s": 0.0}
+        #: The transport of the running engine's weight syncs (``memory`` or ``file``).
+        self.sync_path: str | None = None
 
     # ----------------------------------------------------------------------------- public API
     def generate(
@@ -198,7 +225,7 @@ class VLLMBackend(GenerationBackend):
         if not requests:
             return []
         if sampling.max_new_tokens == 0:  # vLLM needs max_tokens >= 1
-            return self._completions(requests, [((), (), "length", ())] * len(requests))
+            return completions(self.tokenizer, requests, [((), (), "length", ())] * len(requests))
 
         llm = self.engine()
         start = time.perf_counter()
@@ -220,7 +247,7 @@ class VLLMBackend(GenerationBackend):
             logps = tuple(float(d[tok].logprob) for d, tok in zip(c.logprobs, ids))
             ents = tuple(topk_entropy(d, k) for d in c.logprobs) if k else None
             rows.append((ids, logps, finish_reason(c.finish_reason, c.stop_reason), ents))
-        results = self._completions(requests, rows)
+        results = completions(self.tokenizer, requests, rows)
         self._stats["seconds"] += time.perf_counter() - start
         self._stats["calls"] += 1
         self._stats["tokens"] += sum(len(c.logprobs) for c in results)
@@ -237,7 +264,10 @@ class VLLMBackend(GenerationBackend):
         if self.llm is None:
             return
         start = time.perf_counter()
-        self.push_weights(state_dict if state_dict is not None else self.engine_state_dict())
+        state_dict = state_dict if state_dict is not None else self.engine_state_dict()
+        self.push_weights(state_dict)
+        size = self._dtype().itemsize
+        self._stats["sync_bytes"] += sum(t.numel() * size for t in state_dict.values())
         self._stats["syncs"] += 1
         self._stats["sync_s"] += time.perf_counter() - start
 
@@ -248,14 +278,16 @@ class VLLMBackend(GenerationBackend):
         return merged_state_dict(self.model)
 
     def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Write ``state_dict`` into the snapshot, reload it in every worker, reset the prefix
-        cache. Override for another transport (e.g. vLLM's NCCL weight transfer on GPUs)."""
-        write_weights(state_dict, self.folder, self._dtype())
+        """Reload ``state_dict`` in every worker, from memory or through the snapshot's file
+        (:attr:`sync_path`), and reset the prefix cache. Override for another transport (e.g.
+        vLLM's NCCL weight transfer on GPUs)."""
+        if self.sync_path == "memory":
+            source: dict = {"weights_iterator": iter(state_dict.items())}
+        else:
+            write_weights(state_dict, self.folder, self._dtype())
+            source = {"weights_path": str(self.folder)}
         try:
-            self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True},
-            )
+            self.llm.collective_rpc("reload_weights", kwargs={**source, "is_checkpoint_format": True})
         except Exception as exc:
             raise RuntimeError(
                 f"vLLM could not reload the weights ({exc}); this backend's weight sync uses the "
@@ -295,7 +327,7 @@ class VLLMBackend(GenerationBackend):
             import vllm
         except ImportError as exc:
             raise InputError(f"{INSTALL_HINT} ({exc})") from exc
-        self._check_head_size()
+        check_head_size(self.model.config)
         start = time.perf_counter()
         self.folder = self._snapshot()
         cfg = self.config
@@ -320,7 +352,22 @@ class VLLMBackend(GenerationBackend):
         elif vllm.platforms.current_platform.is_cpu():
             kwargs["enable_chunked_prefill"] = False  # see Config.chunked_prefill
         kwargs.update(cfg.engine_kwargs)
-        self.llm = vllm.LLM(**kwargs)
+        in_process = cfg.weight_sync == "memory" or (cfg.weight_sync == "auto" and engine_workers(kwargs) == 1)
+        saved = os.environ.get(_IN_PROCESS)
+        os.environ[_IN_PROCESS] = "0" if in_process else "1"
+        vllm.envs.disable_envs_cache()  # an engine started here froze every VLLM_* variable
+        rngs = random.getstate(), np.random.get_state(), torch.random.get_rng_state()  # an engine here seeds them
+        try:
+            with warnings.catch_warnings():  # its start scans every loaded module's attributes
+                warnings.simplefilter("ignore", FutureWarning)
+                self.llm = vllm.LLM(**kwargs)
+        finally:
+            random.setstate(rngs[0]), np.random.set_state(rngs[1]), torch.random.set_rng_state(rngs[2])
+            os.environ.pop(_IN_PROCESS) if saved is None else os.environ.update({_IN_PROCESS: saved})
+            vllm.envs.disable_envs_cache()  # later engines choose for themselves
+        if in_process and type(self.llm.llm_engine.engine_core).__name__ != "InprocClient":
+            raise RuntimeError(f"vLLM started its engine in another process despite {_IN_PROCESS}=0")
+        self.sync_path = "memory" if in_process else "file"
         self._stats["engine_start_s"] += time.perf_counter() - start
         return self.llm
 
@@ -332,24 +379,6 @@ class VLLMBackend(GenerationBackend):
         write_snapshot(folder, self.model.config, self.tokenizer, self.engine_state_dict(), self._dtype())
         return folder
 
-    def _check_head_size(self) -> None:
-        """On CPU, refuse a head size vLLM's CPU attention lacks, naming the supported ones."""
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
-            return
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        c = self.model.config
-        head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        if head not in sizes:
-            raise InputError(
-                f"vLLM's CPU attention supports head sizes {sizes}; this model has {head} "
-                f"(hidden_size / num_attention_heads). Use backend=hf, or a model with a "
-                f"supported head size."
-            )
-
     # ---------------------------------------------------------------------------- internals
     def _dtype(self) -> torch.dtype:
         if self.config.dtype != "auto":
@@ -359,27 +388,3 @@ class VLLMBackend(GenerationBackend):
     def _context(self) -> int | None:
         native = getattr(self.model.config, "max_position_embeddings", None)
         return self.config.max_model_len or native
-
-    def _completions(
-        self, requests: Sequence[GenerationRequest], rows: Sequence[tuple]
-    ) -> list[Completion]:
-        """Completions from ``(generated ids, log-probs, finish reason, entropies or None)`` per
-        request; the text is ``decode(response_ids, skip_special_tokens=True)`` as the HF
-        backend's."""
-        responses = [tuple(r.prefix_ids) + row[0] for r, row in zip(requests, rows)]
-        texts = self.tokenizer.batch_decode(
-            [list(x) for x in responses], skip_special_tokens=True,
-            clean_up_tokenization_spaces=False,
-        )
-        return [
-            Completion(
-                prompt_ids=tuple(r.prompt_ids),
-                response_ids=resp,
-                logprobs=logps,
-                entropies=ents,
-                finish_reason=reason,
-                text=text,
-                prefix_len=len(r.prefix_ids),
-            )
-            for r, resp, text, (_, logps, reason, ents) in zip(requests, responses, texts, rows)
-        ]

@@ -1,6 +1,7 @@
-"""The vLLM backend's per-request settings, built without the engine: each request's seed, the
-``vllm.SamplingParams`` read back against what was asked (TESTING.md trap 7) and vLLM's finish
-reasons in creditlab's words."""
+"""The vLLM backend's per-request settings and results, built without the engine: each request's
+seed, the ``vllm.SamplingParams`` read back against what was asked (TESTING.md trap 7), vLLM's
+finish reasons in creditlab's words, the completions, the engine's workers and the head sizes
+its CPU attention takes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from creditlab.types import SamplingParams
+from creditlab.errors import InputError
+from creditlab.types import Completion, GenerationRequest, SamplingParams
 
 #: vLLM samples greedily below this temperature (``vllm.sampling_params._SAMPLING_EPS``).
 GREEDY_BELOW = 1e-5
@@ -96,3 +98,39 @@ def _same(got: Any, want: Any) -> bool:
     if want in (None, []) and got in (None, []):
         return True
     return got == want
+
+
+def engine_workers(engine_kwargs: Mapping[str, Any]) -> int:
+    """The workers a ``vllm.LLM`` built with ``engine_kwargs`` runs (tensor x pipeline parallel)."""
+    return int(engine_kwargs.get("tensor_parallel_size", 1)) * int(engine_kwargs.get("pipeline_parallel_size", 1))
+
+
+def check_head_size(config: Any) -> None:
+    """On CPU, refuse a head size vLLM's CPU attention lacks, naming the supported ones."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise InputError(
+            f"vLLM's CPU attention supports head sizes {sizes}; this model has {head} "
+            f"(hidden_size / num_attention_heads). Use backend=hf, or a model with a "
+            f"supported head size."
+        )
+
+
+def completions(tokenizer: Any, requests: Sequence[GenerationRequest], rows: Sequence[tuple]) -> list[Completion]:
+    """Completions from ``(generated ids, log-probs, finish reason, entropies or None)`` per
+    request; the text is ``decode(response_ids, skip_special_tokens=True)`` as the HF backend's."""
+    responses = [tuple(r.prefix_ids) + row[0] for r, row in zip(requests, rows)]
+    texts = tokenizer.batch_decode([list(x) for x in responses], skip_special_tokens=True,
+                                   clean_up_tokenization_spaces=False)
+    return [
+        Completion(prompt_ids=tuple(r.prompt_ids), response_ids=resp, logprobs=logps, entropies=ents,
+                   finish_reason=reason, text=text, prefix_len=len(r.prefix_ids))
+        for r, resp, text, (_, logps, reason, ents) in zip(requests, responses, texts, rows)
+    ]
