@@ -160,3 +160,29 @@ def test_cpu_ranks_share_the_ram(tmp_path):
     cfg = compose([f"model.name_or_path={tmp_path}", "trainer=ddp", "eval.every=0"])
     plan, _, _ = sized_plan(cfg, validate(cfg), shape_of(Qwen2Config(**QWEN)), 10, 10, 8, (24 * GIB, "mock"))
     assert plan.facts["memory"].startswith("12.0 GiB (mock, shared by 2 ranks), 8.8 GiB usable")
+
+
+def test_vllm_weight_sync_by_file_holds_the_weights_in_memory_all_run(tmp_path):
+    """``backend=vllm``: ``weight_sync=file`` keeps a weights file on /dev/shm for the whole run,
+    so every phase of a CPU plan holds it and a GPU plan notes it as host memory;
+    ``memory`` (``auto`` for one worker) holds none; ``auto`` with tensor parallelism goes by file."""
+    from omegaconf import OmegaConf
+
+    Qwen2Config(**QWEN).save_pretrained(tmp_path)
+    cfg = compose([f"model.name_or_path={tmp_path}", "eval.every=0"])
+    checked, shape = validate(cfg), shape_of(Qwen2Config(**QWEN))
+
+    def plan(accelerator="cpu", **backend):
+        c = OmegaConf.create(OmegaConf.to_container(cfg))
+        c.backend = {"name": "vllm", "kv_cache_gib": 0.5, **backend}
+        c.trainer.accelerator = accelerator
+        return estimate(c, checked, shape, 50, 50, 8)
+
+    by_memory, by_file, auto_tp = plan(), plan(weight_sync="file"), plan(engine_kwargs={"tensor_parallel_size": 2})
+    weights = by_memory.parts["weights"]
+    assert "weight sync file" not in by_memory.parts and by_file.parts["weight sync file"] == weights > 0
+    assert {p: by_file.phases[p] - v for p, v in by_memory.phases.items()} == dict.fromkeys(by_memory.phases, weights)
+    assert auto_tp.phases == by_file.phases
+    on_gpu = plan("gpu", weight_sync="file")
+    assert on_gpu.phases == plan("gpu").phases
+    assert any("weights file in host memory" in n for n in on_gpu.notes)

@@ -32,9 +32,10 @@ def setup():
     model, tok = tiny_pair(seed=0)
     vllm_backend = small_engine(model, tok)
     vllm_backend.config.engine_kwargs = {"max_logprobs": -1}  # entropy_top_k may be -1 per call
-    rng = torch.random.get_rng_state()
-    vllm_backend.engine()  # in this process (weight_sync=auto), which seeds the global RNG: restored
+    rng, threads, set_threads = torch.random.get_rng_state(), torch.get_num_threads(), torch.set_num_threads
+    vllm_backend.engine()  # in this process (weight_sync=auto): what vLLM changes there is restored
     assert torch.equal(rng, torch.random.get_rng_state()), "starting the engine moved the global RNG"
+    assert (torch.get_num_threads(), torch.set_num_threads) == (threads, set_threads)
     yield model, tok, vllm_backend, HFBackend(model=model, tokenizer=tok)
     vllm_backend.close()
 

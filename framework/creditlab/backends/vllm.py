@@ -43,8 +43,10 @@ computed with the old weights. Two transports (``weight_sync``):
 * ``memory`` (``auto`` where the engine is one worker): the engine runs in this process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while it starts) and reads the policy's tensors from an
   iterator, each copied once into the engine's own parameter: no file, no serialization. On a
-  CPU, vLLM then binds this process's OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``) and ignores
-  later ``torch.set_num_threads`` calls.
+  CPU the engine and the trainer then share one thread pool, which vLLM binds to its cores
+  (``VLLM_CPU_OMP_THREADS_BIND``); the global RNGs, the torch thread count and
+  ``torch.set_num_threads`` (which vLLM's workers set to 1 and replace) and the ``VLLM_*``
+  variables it caches are given back as they were.
 * ``file``: the engine runs in processes of its own; the weights go through one safetensors file
   in the snapshot folder (on tmpfs when ``/dev/shm`` is writable). The fallback for engines of
   several workers, or when the training process must keep its threads.
@@ -357,12 +359,15 @@ class VLLMBackend(GenerationBackend):
         os.environ[_IN_PROCESS] = "0" if in_process else "1"
         vllm.envs.disable_envs_cache()  # an engine started here froze every VLLM_* variable
         rngs = random.getstate(), np.random.get_state(), torch.random.get_rng_state()  # an engine here seeds them
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()  # vLLM's worker changes both
         try:
             with warnings.catch_warnings():  # its start scans every loaded module's attributes
                 warnings.simplefilter("ignore", FutureWarning)
                 self.llm = vllm.LLM(**kwargs)
         finally:
             random.setstate(rngs[0]), np.random.set_state(rngs[1]), torch.random.set_rng_state(rngs[2])
+            torch.set_num_threads = set_threads
+            set_threads(threads)
             os.environ.pop(_IN_PROCESS) if saved is None else os.environ.update({_IN_PROCESS: saved})
             vllm.envs.disable_envs_cache()  # later engines choose for themselves
         if in_process and type(self.llm.llm_engine.engine_core).__name__ != "InprocClient":

@@ -189,6 +189,8 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     store = float(OmegaConf.select(cfg, "backend.prefix_cache_mb", default=1024.0) or 0) * 2**20
     parts["prefix store"] = min(store, rows * (prompt + T) * kv_token) if backend == "hf" else 0
     parts["checkpoint buffer"] = (1 + k) * trained * w_t  # Lightning serializes into memory first
+    if backend == "vllm" and _syncs_by_file(cfg):
+        parts["weight sync file"] = weights  # on tmpfs
     eval_rows = min(ev.batch_size, max_rows, (ev.problems or eval_count) * max(1, ev.samples)) if ev.every else 0
     phase_parts = dict(PHASE_PARTS)
     seg_cls, seg_config = checked["segmenter"]
@@ -203,10 +205,16 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     elif own:
         parts.update(own)
         phase_parts[f"advantage ({name})"] = ("weights", "reference", "optimizer", *own)
+    on_cpu = OmegaConf.select(cfg, "trainer.accelerator", default="cpu") == "cpu"
+    if "weight sync file" in parts and on_cpu:  # the snapshot's file stays in memory all run long
+        phase_parts = {phase: (*names, "weight sync file") for phase, names in phase_parts.items()}
     phases = {phase: sum(parts[p] for p in names) for phase, names in phase_parts.items()}
-    if OmegaConf.select(cfg, "trainer.accelerator", default="cpu") != "cpu":
+    if not on_cpu:
         del phases["checkpoint"]  # the buffer is host memory, the rest stays on the device
         notes.append(f"a checkpoint save also fills {parts['checkpoint buffer'] / GIB:.2f} GiB of host memory")
+        if "weight sync file" in parts:
+            notes.append(f"backend.weight_sync=file keeps a {parts['weight sync file'] / GIB:.2f} GiB "
+                         "weights file in host memory (/dev/shm)")
     if eval_rows:
         base = parts["weights"] + parts["reference"] + parts["optimizer"]
         phases["evaluation"] = base + sum(generation(eval_rows, eval_prompt, ev.samples > 0 and truncates))
@@ -337,3 +345,12 @@ def plan_run(cfg: DictConfig, checked: dict[str, Any], prompt: int | None = None
         *[(k, str(v)) for k, v in plan.facts.items()],
     ]
     return plan, resolved
+
+
+def _syncs_by_file(cfg: DictConfig) -> bool:
+    """Whether a ``backend=vllm`` run sends its weights through a file (``backend.weight_sync``:
+    ``file``, or ``auto`` for an engine of several workers) rather than from memory."""
+    mode = OmegaConf.select(cfg, "backend.weight_sync", default="auto")
+    kwargs = OmegaConf.select(cfg, "backend.engine_kwargs", default=None) or {}
+    workers = int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
+    return mode == "file" or (mode == "auto" and workers > 1)
