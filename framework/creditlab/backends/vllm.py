@@ -2,10 +2,11 @@
 
 The engine (``vllm.LLM``) starts on the first :meth:`VLLMBackend.generate` call, from a snapshot
 of the policy (its config, tokenizer and *current* weights) written into a private folder, so a
-resumed or otherwise changed policy is what it samples from. vLLM runs it in processes of its
-own; on CPU it *spawns* them, so a script using this backend needs the
-``if __name__ == "__main__":`` guard (``creditlab train`` and pytest have it). ``vllm`` is
-imported only then: importing creditlab, listing or validating parts never imports it.
+resumed or otherwise changed policy is what it samples from. It runs in this process
+(``weight_sync`` memory, below) or in processes of its own, which vLLM *spawns* on CPU, so a
+script using this backend needs the ``if __name__ == "__main__":`` guard (``creditlab train``
+and pytest have it). ``vllm`` is imported only then: importing creditlab, listing or validating
+parts never imports it.
 
 The contract, the same as :class:`~creditlab.backends.hf.HFBackend`'s (tested side by side in
 ``tests/vllm``):
@@ -49,7 +50,7 @@ computed with the old weights. Two transports (``weight_sync``):
   variables it caches are given back as they were.
 * ``file``: the engine runs in processes of its own; the weights go through one safetensors file
   in the snapshot folder (on tmpfs when ``/dev/shm`` is writable). The fallback for engines of
-  several workers, or when the training process must keep its threads.
+  several workers, or when the training process must stay free of vLLM.
 
 ``train/backend/sync_bytes`` and ``sync_s`` log what each sync moved and took.
 """
