@@ -549,10 +549,11 @@ def test_vllm_weight_sync_settings_are_checked_before_vllm_is_needed():
     """``backend.weight_sync`` is validated by name (no vLLM needed), and ``memory`` is refused
     for an engine of several workers, whose workers live in other processes."""
     from creditlab.backends.vllm import VLLMBackend
-    from creditlab.backends.vllm_params import engine_workers
+    from creditlab.run.config import vllm_weight_sync, vllm_workers
 
-    assert engine_workers({}) == 1
-    assert engine_workers({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    assert vllm_workers({}) == 1
+    assert vllm_workers({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}) == 4
+    assert [vllm_weight_sync("auto", {}), vllm_weight_sync("auto", {"tensor_parallel_size": 2})] == ["memory", "file"]
     with pytest.raises(ConfigError, match="backend.weight_sync must be one of auto, memory, file, got 'disk'"):
         VLLMBackend.Config(weight_sync="disk")
     with pytest.raises(ConfigError, match="weight_sync=memory needs an engine of one worker"):

@@ -14,8 +14,9 @@ before.
 
 Keys/values at a position depend only on the tokens up to it, so a stored prefix is the
 prefill's own result up to float rounding (it was computed by the decoding steps, in another
-batch shape). The store is emptied whenever the weights change (``HFBackend.load_weights``) and
-holds at most ``budget_mb``: the oldest sequences leave first.
+batch shape). The backend empties the store when the weights change (a ``generate`` call finds
+the parameters' versions moved) and in ``release()``, before every update; it holds at most
+``budget_mb``: the oldest sequences leave first.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PrefixStore", "past_cache"]
+__all__ = ["PrefixStore", "keep_rows", "past_cache"]
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,13 @@ class PrefixStore:
         """Keep ``tokens`` (its first ``context`` the request's context) with ``kv`` (layers, 2,
         H_kv, len(tokens) - 1, D), evicting the oldest sequences beyond the budget (a sequence
         larger than the whole budget, or with nothing generated, is not kept)."""
-        size = kv.numel() * kv.element_size()
+        size = kv.nbytes
         if size > self.budget or len(tokens) <= context:
             return
         while self.entries and self.bytes + size > self.budget:
-            self.bytes -= self._size(self.entries.popleft())
+            self.bytes -= self.entries.popleft().kv.nbytes
         self.entries.append(Stored(tokens, context, kv))
         self.bytes += size
-
-    @staticmethod
-    def _size(entry: Stored) -> int:
-        return entry.kv.numel() * entry.kv.element_size()
 
     def match(self, contexts: list[tuple[int, ...]]) -> list[tuple[int, Stored | None]]:
         """Per context: ``(n, entry)``, the longest reusable prefix (n positions of ``entry``'s

@@ -79,7 +79,6 @@ from creditlab.backends.vllm_params import (
     GREEDY_BELOW,
     check_head_size,
     completions,
-    engine_workers,
     finish_reason,
     request_seed,
     topk_entropy,
@@ -87,6 +86,7 @@ from creditlab.backends.vllm_params import (
 )
 from creditlab.errors import ConfigError, InputError
 from creditlab.interfaces import GenerationBackend
+from creditlab.run.config import vllm_weight_sync, vllm_workers
 from creditlab.run.models import merged_state_dict
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
@@ -174,7 +174,7 @@ class VLLMBackend(GenerationBackend):
                 raise ConfigError(f"backend.entropy_top_k must be >= -1, got {self.entropy_top_k}")
             if not self.kv_cache_gib > 0:
                 raise ConfigError(f"backend.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-            if self.weight_sync == "memory" and engine_workers(self.engine_kwargs) > 1:
+            if self.weight_sync == "memory" and vllm_workers(self.engine_kwargs) > 1:
                 raise ConfigError("backend.weight_sync=memory needs an engine of one worker (no "
                                   "tensor or pipeline parallelism); use weight_sync=file or auto")
             if not vllm_available():  # fail while validating, before anything is loaded
@@ -355,7 +355,7 @@ class VLLMBackend(GenerationBackend):
         elif vllm.platforms.current_platform.is_cpu():
             kwargs["enable_chunked_prefill"] = False  # see Config.chunked_prefill
         kwargs.update(cfg.engine_kwargs)
-        in_process = cfg.weight_sync == "memory" or (cfg.weight_sync == "auto" and engine_workers(kwargs) == 1)
+        in_process = vllm_weight_sync(cfg.weight_sync, kwargs) == "memory"
         saved = os.environ.get(_IN_PROCESS)
         os.environ[_IN_PROCESS] = "0" if in_process else "1"
         vllm.envs.disable_envs_cache()  # an engine started here froze every VLLM_* variable

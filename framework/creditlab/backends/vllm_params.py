@@ -1,7 +1,7 @@
 """The vLLM backend's per-request settings and results, built without the engine: each request's
 seed, the ``vllm.SamplingParams`` read back against what was asked (TESTING.md trap 7), vLLM's
-finish reasons in creditlab's words, the completions, the engine's workers and the head sizes
-its CPU attention takes."""
+finish reasons in creditlab's words, the completions and the head sizes its CPU attention
+takes."""
 
 from __future__ import annotations
 
@@ -98,11 +98,6 @@ def _same(got: Any, want: Any) -> bool:
     if want in (None, []) and got in (None, []):
         return True
     return got == want
-
-
-def engine_workers(engine_kwargs: Mapping[str, Any]) -> int:
-    """The workers a ``vllm.LLM`` built with ``engine_kwargs`` runs (tensor x pipeline parallel)."""
-    return int(engine_kwargs.get("tensor_parallel_size", 1)) * int(engine_kwargs.get("pipeline_parallel_size", 1))
 
 
 def check_head_size(config: Any) -> None:

@@ -9,6 +9,7 @@ the model loads.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -182,6 +183,18 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     ),
 }
 _ABSENT = object()
+
+
+def vllm_workers(engine_kwargs: Mapping[str, Any]) -> int:
+    """The workers a ``vllm.LLM`` built with ``engine_kwargs`` runs (tensor x pipeline parallel)."""
+    return int(engine_kwargs.get("tensor_parallel_size", 1)) * int(engine_kwargs.get("pipeline_parallel_size", 1))
+
+
+def vllm_weight_sync(mode: str, engine_kwargs: Mapping[str, Any]) -> str:
+    """How a vLLM engine's weight syncs travel, ``memory`` or ``file``: ``backend.weight_sync``,
+    where ``auto`` is ``memory`` for an engine of one worker (read by the backend and the memory
+    plan alike)."""
+    return mode if mode != "auto" else ("memory" if vllm_workers(engine_kwargs) == 1 else "file")
 
 
 def check_ranges(cfg: DictConfig) -> None:

@@ -67,6 +67,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from creditlab.errors import ConfigError
+from creditlab.run.config import vllm_weight_sync
 from creditlab.run.memory_budget import (
     BATCH_SHARE, GIB, MARGIN_BYTES, MARGIN_FRACTION, available_memory, fit_notes, resolve_token_budget, usable,
 )
@@ -189,7 +190,8 @@ def estimate(cfg: DictConfig, checked: dict[str, Any], shape: Shape, prompt: int
     store = float(OmegaConf.select(cfg, "backend.prefix_cache_mb", default=1024.0) or 0) * 2**20
     parts["prefix store"] = min(store, rows * (prompt + T) * kv_token) if backend == "hf" else 0
     parts["checkpoint buffer"] = (1 + k) * trained * w_t  # Lightning serializes into memory first
-    if backend == "vllm" and _syncs_by_file(cfg):
+    sync_mode = str(OmegaConf.select(cfg, "backend.weight_sync", default="auto"))
+    if backend == "vllm" and vllm_weight_sync(sync_mode, OmegaConf.select(cfg, "backend.engine_kwargs") or {}) == "file":
         parts["weight sync file"] = weights  # on tmpfs
     eval_rows = min(ev.batch_size, max_rows, (ev.problems or eval_count) * max(1, ev.samples)) if ev.every else 0
     phase_parts = dict(PHASE_PARTS)
@@ -345,12 +347,3 @@ def plan_run(cfg: DictConfig, checked: dict[str, Any], prompt: int | None = None
         *[(k, str(v)) for k, v in plan.facts.items()],
     ]
     return plan, resolved
-
-
-def _syncs_by_file(cfg: DictConfig) -> bool:
-    """Whether a ``backend=vllm`` run sends its weights through a file (``backend.weight_sync``:
-    ``file``, or ``auto`` for an engine of several workers) rather than from memory."""
-    mode = OmegaConf.select(cfg, "backend.weight_sync", default="auto")
-    kwargs = OmegaConf.select(cfg, "backend.engine_kwargs", default=None) or {}
-    workers = int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
-    return mode == "file" or (mode == "auto" and workers > 1)
