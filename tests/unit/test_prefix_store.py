@@ -45,7 +45,7 @@ def mt():
     return with_token_bias(model, {tok.convert_tokens_to_ids(THOUGHT): 2.5}), tok
 
 
-def test_thoughts_prefill_one_token_per_continued_row_and_sample_alike(mt):
+def test_thoughts_prefill_only_the_prompts_and_sample_alike(mt):
     model, tok = mt
     prompts = [tuple(tok.encode(p, add_special_tokens=False)) for p in ("1+2=", "hello there, ", "Q: 7*6?")]
     reqs = [GenerationRequest(p) for p in prompts for _ in range(3)]
@@ -61,8 +61,9 @@ def test_thoughts_prefill_one_token_per_continued_row_and_sample_alike(mt):
     rounds = [len(set(c.segment_ids)) for c in a]
     assert max(rounds) >= 3, rounds  # several thoughts: later rounds continue stored rows
     with_store, without = on.metrics()["prefill_tokens"], off.metrics()["prefill_tokens"]
-    # round 1 prefills the prompts; every later round one token per continued row (at most)
-    assert with_store <= sum(map(len, prompts)) + sum(r - 1 for r in rounds) < without / 2
+    # round 1 prefills the prompts (once each: the rows share them); every later round continues
+    # stored rows, feeding each row's one new token as a decoding step: nothing more is prefilled
+    assert with_store == sum(map(len, prompts)) < without / 2
 
 
 def test_resets_continue_stored_rows_and_changed_weights_reuse_nothing(mt):
@@ -80,8 +81,41 @@ def test_resets_continue_stored_rows_and_changed_weights_reuse_nothing(mt):
     sp2 = SamplingParams(temperature=1.0, max_new_tokens=6, seed=2)
     a, b = on.generate(resets, sp2), off.generate(resets, sp2)
     assert [c.response_ids for c in a] == [c.response_ids for c in b]
-    assert on.metrics()["prefill_tokens"] == len(resets)  # the last token of each context
+    assert on.metrics()["prefill_tokens"] == 0  # each context's last token is fed as a step
     with torch.no_grad():
         model.model.norm.weight.mul_(1.0)  # an in-place write: the store's keys/values are stale
     on.generate(resets, sp2)
     assert on.metrics()["prefill_tokens"] == sum(len(prompt) + len(r.prefix_ids) for r in resets)
+
+
+@pytest.mark.parametrize("shared_min", [1, 10_000])  # contexts kept once per group, or per row
+def test_continuations_of_one_prefix_share_its_stored_keys_and_sample_alike(mt, shared_min):
+    """Monte-Carlo continuations: K rows per stored prefix, each prefix's last token fed once as
+    the group's first decoding step; then rows continuing those continuations reuse them too."""
+    model, tok = mt
+    prompt = tuple(tok.encode("Q: 7*6?", add_special_tokens=False))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, seed=5)
+
+    def backend(mb):
+        cfg = HFBackend.Config(prefix_cache_mb=mb, fused_shared_context_min=shared_min)
+        return HFBackend(cfg, model=model, tokenizer=tok)
+
+    on, off = backend(64.0), backend(0.0)
+    first = on.generate([GenerationRequest(prompt)] * 2, sp)
+    off.generate([GenerationRequest(prompt)] * 2, sp)
+    on.metrics()
+    mc = [GenerationRequest(prompt, c.response_ids[:k]) for c, k in zip(first, (2, 6)) for _ in range(3)]
+    sp2 = SamplingParams(temperature=1.0, max_new_tokens=5, seed=6)
+    a, b = on.generate(mc, sp2), off.generate(mc, sp2)
+    assert [c.response_ids for c in a] == [c.response_ids for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=0, atol=1e-5)
+    assert on.metrics()["prefill_tokens"] == 0
+    deeper = [GenerationRequest(prompt, c.response_ids) for c in a if c.finish_reason == "length"]
+    assert deeper  # rows that ran to the length limit, continued again
+    sp3 = SamplingParams(temperature=1.0, max_new_tokens=4, seed=7)
+    a, b = on.generate(deeper, sp3), off.generate(deeper, sp3)
+    assert [c.response_ids for c in a] == [c.response_ids for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=0, atol=1e-5)
+    assert on.metrics()["prefill_tokens"] == 0

@@ -29,7 +29,7 @@ import torch
 from creditlab.accel import Choice, choose
 from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
-from creditlab.backends.prefix_store import PrefixStore, keep_rows, past_cache
+from creditlab.backends.prefix_store import PrefixStore, feed_last, keep_rows, past_cache
 from creditlab.backends.sampling import (
     SAMPLERS,
     SamplingPlan,
@@ -191,8 +191,7 @@ class HFBackend(GenerationBackend):
                         self.model, self.config.fused_copy_budget_mb, self.dtype)
                 for lo in range(0, len(order), bs):
                     idx = order[lo : lo + bs]
-                    outs = self._generate_batch([requests[i] for i in idx], plan, gen)
-                    for i, c in zip(idx, outs):
+                    for i, c in zip(idx, self._generate_batch([requests[i] for i in idx], plan, gen)):
                         results[i] = c
         finally:
             self._fused = None  # drop the weight copies
@@ -219,8 +218,9 @@ class HFBackend(GenerationBackend):
 
     def metrics(self) -> dict[str, float]:
         """Generated tokens, prefilled tokens (the contexts' tokens run through the first forward
-        of a batch: each distinct context once when shared), calls, seconds and tokens/s since
-        the last call (then reset)."""
+        of a batch: each distinct context once when shared, none of what the prefix store holds,
+        and none when only each context's last token is new: it is fed as a decoding step),
+        calls, seconds and tokens/s since the last call (then reset)."""
         s = self._stats
         out: dict[str, float] = {k: Sum(v) for k, v in s.items()}
         out["tokens_per_s"] = Mean(s["tokens"] / s["seconds"] if s["seconds"] > 0 else 0.0)
@@ -257,14 +257,9 @@ class HFBackend(GenerationBackend):
 
         tokens, (logps, ents) = out_tokens.tolist(), out_logp.tolist()  # the batch's one copy to the host
         lengths, reasons = ended_at.tolist(), [END_REASONS[i] for i in why.tolist()]
-        responses = [
-            tuple(r.prefix_ids) + tuple(tokens[i][: lengths[i]]) for i, r in enumerate(reqs)
-        ]
-        texts = self.tokenizer.batch_decode(
-            [list(x) for x in responses],
-            skip_special_tokens=True,
-            clean_up_tokenization_spaces=False,
-        )
+        responses = [tuple(r.prefix_ids) + tuple(tokens[i][: lengths[i]]) for i, r in enumerate(reqs)]
+        texts = self.tokenizer.batch_decode([list(x) for x in responses], skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
         return [
             Completion(
                 prompt_ids=tuple(r.prompt_ids),
@@ -308,7 +303,7 @@ class HFBackend(GenerationBackend):
         every = self.config.sync_every or (1 if device.type == "cpu" else 8)
         last_only = {"logits_to_keep": keep_last(1, device)} if self._keeps_logits else {}
         fused = self._fused if use_cache and max_new > 1 else None
-        feed_ids, feed_pos = ids, pos
+        feed_ids, feed_pos, lead = ids, pos, 0
         for step in range(max_new):
             cols = width + step
             if step == 0 and (shared is not None or fused is not None):
@@ -322,17 +317,21 @@ class HFBackend(GenerationBackend):
                 distinct = [contexts[i] for i in first.tolist()]
                 hits = self._store.match(distinct) if fused is not None else [(0, None)] * len(distinct)
                 feed, reused = (ids[first], mask[first, :cols], pos[first]), any(n for n, _ in hits)
-                if reused:  # stored keys/values for what continues a stored row, prefill the rest
+                logits = feed_last(fused, self.model, hits, distinct, inverse, pad, device, max_new,
+                                   self.config.fused_shared_context_min) if reused else None
+                lead = int(logits is not None)  # 1: the contexts' last tokens fed as a step
+                if reused and not lead:  # stored keys/values for what continues a stored row
                     cache = make_cache(self.model, max(n for n, _ in hits) + width, True)
-                    feed = past_cache(cache, hits, distinct, pad, device)
-                out = self._forward(input_ids=feed[0], attention_mask=feed[1], position_ids=feed[2],
-                                    use_cache=True, **{CACHE_KEY: cache}, **last_only)
-                cache = cache_of(out)
-                logits = out.logits[:, -1, :][inverse]
-                self._stats["prefill_tokens"] += sum(len(c) - n for c, (n, _) in zip(distinct, hits))
-                if fused is not None and plain_kv(cache):
-                    fused.start(cache, inverse, feed[1].bool() if has_pad or reused else None,
-                                max_new - 1, self.config.fused_shared_context_min)
+                    feed = past_cache(cache, hits, distinct, pad, device)  # prefill the rest
+                if not lead:
+                    out = self._forward(input_ids=feed[0], attention_mask=feed[1], position_ids=feed[2],
+                                        use_cache=True, **{CACHE_KEY: cache}, **last_only)
+                    cache, logits = cache_of(out), out.logits[:, -1, :][inverse]
+                    self._stats["prefill_tokens"] += sum(len(c) - n for c, (n, _) in zip(distinct, hits))
+                if lead or (fused is not None and plain_kv(cache)):
+                    if not lead:
+                        fused.start(cache, inverse, feed[1].bool() if has_pad or reused else None,
+                                    max_new - 1, self.config.fused_shared_context_min)
                     cache = None  # the fused steps own the keys/values from here
                 else:
                     fused = None
@@ -378,7 +377,8 @@ class HFBackend(GenerationBackend):
             done = step + 1 == max_new or n_dead == len(rows)  # rows alive at the end: "length"
             compact = bool(n_dead) and n_dead >= self.config.compact_fraction * len(rows)
             if fused is not None and (done or compact) and self.config.prefix_cache_mb > 0:
-                keep_rows(self._store, fused, rows, None if done else ~alive, contexts, out_tokens, ended_at)
+                keep_rows(self._store, fused, rows, None if done else ~alive, contexts, out_tokens, ended_at,
+                          lead)
             if done:
                 return
             if compact:

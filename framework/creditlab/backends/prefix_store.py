@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["PrefixStore", "keep_rows", "past_cache"]
+from creditlab.backends.kv_cache import make_cache, plain_kv
+
+__all__ = ["PrefixStore", "feed_last", "keep_rows", "past_cache"]
 
 
 @dataclass(frozen=True)
@@ -123,16 +125,42 @@ def past_cache(
     return ids, mask, pos
 
 
+def feed_last(
+    decoder: Any, model: Any, matches: list[tuple[int, Stored | None]],
+    contexts: list[tuple[int, ...]], inverse: torch.Tensor, pad: int, device: torch.device,
+    max_new: int, min_shared: int,
+) -> torch.Tensor | None:
+    """Start ``decoder`` (a :class:`~creditlab.accel.fused_decode.FusedDecoder`) without a
+    prefill when each of the U distinct ``contexts`` is a stored prefix and one token more (the
+    next round of a thought-by-thought row, a reset, a continuation): the stored keys/values
+    become its context and that last token is fed as its first decoding step, which computes the
+    token's keys/values and the logits a prefill would have (``max_new`` steps allocated, this
+    one included). Returns those logits, (A, V) with ``inverse`` (A,) the context of each row, or
+    ``None`` when some context needs a prefill (nothing stored for it, or more than one token
+    new)."""
+    if any(n == 0 or len(c) - n != 1 for c, (n, _) in zip(contexts, matches)):
+        return None
+    cache = make_cache(model, max(n for n, _ in matches), True)
+    ids, mask, pos = past_cache(cache, matches, contexts, pad, device)
+    if not plain_kv(cache):
+        return None
+    real = mask[:, :-1].bool()  # (U, P): the stored positions of each row
+    decoder.start(cache, inverse, None if bool(real.all()) else real, max_new, min_shared)
+    return decoder.step(ids[inverse, 0], pos[inverse, 0])
+
+
 def keep_rows(store: PrefixStore, decoder: Any, rows: torch.Tensor, which: torch.Tensor | None,
-              contexts: list[tuple[int, ...]], out_tokens: torch.Tensor, ended_at: torch.Tensor) -> None:
+              contexts: list[tuple[int, ...]], out_tokens: torch.Tensor, ended_at: torch.Tensor,
+              lead: int = 0) -> None:
     """Store the batch rows ``which`` ((A,) bool; None: all) of ``decoder`` (a
     :class:`~creditlab.accel.fused_decode.FusedDecoder`): batch row b holds request ``rows[b]``,
     whose context is ``contexts[rows[b]]`` and response ``out_tokens[rows[b], :ended_at[rows[b]]]``;
-    its keys/values cover all but the response's last token (never fed)."""
+    its keys/values cover all but the response's last token (never fed). ``lead``: context tokens
+    the decoder fed as steps before the response's (1 after :func:`feed_last`, else 0)."""
     batch = torch.arange(len(rows), device=rows.device) if which is None else which.nonzero().squeeze(1)
     req = rows[batch].tolist()
     for b, r, end in zip(batch.tolist(), req, ended_at[rows[batch]].tolist()):
         if end > 0:
             response = tuple(out_tokens[r, :end].tolist())
             c = contexts[r]
-            store.add(tuple(c) + response, len(c), decoder.row_kv(b, end - 1))
+            store.add(tuple(c) + response, len(c), decoder.row_kv(b, end - 1 + lead))
