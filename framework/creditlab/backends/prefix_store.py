@@ -7,10 +7,12 @@ keys/values of each decoded row (the context and every generated token but the l
 never fed), and a later request prefills only what no stored sequence shares with it: its
 context's longest common prefix with any stored sequence is taken from the store (at most all
 but the context's last token, whose logits the prefill must compute), when that prefix covers the
-stored sequence's whole context and so continues what that row generated. A context that only
-shares a prompt with a stored one (a second call on the same prompts, e.g. an evaluation's
-samples after its greedy pass) is prefilled as without a store, so such calls sample exactly as
-before.
+stored sequence's whole context and so continues what that row generated. When only that last
+token is new for every context of a batch (the common case: a next thought, a reset, a
+continuation), no prefill runs: the token is fed as the first decoding step (:func:`feed_last`).
+A context that only shares a prompt with a stored one (a second call on the same prompts, e.g. an
+evaluation's samples after its greedy pass) is prefilled as without a store, so such calls sample
+exactly as before.
 
 Keys/values at a position depend only on the tokens up to it, so a stored prefix is the
 prefill's own result up to float rounding (it was computed by the decoding steps, in another
