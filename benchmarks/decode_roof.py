@@ -11,7 +11,12 @@ For each batch size B (rows decoded together), two measurements on the same mode
   tokens/s the CPU's matmul throughput allows with nothing else (attention, norms, sampling,
   Python) in the way. Its GFLOP/s is the CPU's measured matmul throughput at these shapes.
 
-The ratio decode / roof says how much of the matmul-bound speed decoding reaches. With
+The ratio decode / roof says how much of the matmul-bound speed decoding reaches. When rows end
+at EOS the batch shrinks, and fewer rows use the matrix units less well, so a B-row roof is out of
+reach however fast the loop is; the **live roof** charges each step only the rows still decoding:
+its time is the sum over steps s of one step's matmuls at the number of rows longer than s
+(interpolated between row counts timed at powers of two), and decode / live roof is the share of
+that which decoding reaches. With
 ``--dtypes float32,bfloat16`` both run side by side: decoding with ``backend.dtype`` set to each,
 against the roof of each dtype's products and against float32's. ``--ignore-eos`` holds every row
 to ``--new-tokens`` (the batch never shrinks); without it, rows end where the model ends them.
@@ -62,6 +67,28 @@ def matmul_seconds(shapes: list[tuple[int, int]], rows: int, repeats: int, dtype
     return statistics.median(times[1:])
 
 
+def live_roof_seconds(lengths: list[int], step_seconds) -> float:
+    """Matmul time of decoding rows of ``lengths`` tokens when each step runs only the rows still
+    decoding: ``sum over s < max(lengths) of step_seconds(#rows longer than s)``."""
+    return sum(step_seconds(sum(n > s for n in lengths)) for s in range(max(lengths, default=0)))
+
+
+def interpolated(points: dict[int, float]):
+    """``rows -> seconds``, linear between the timed row counts of ``points`` (at least one)."""
+    xs = sorted(points)
+
+    def at(rows: int) -> float:
+        if rows <= xs[0]:
+            return points[xs[0]] * rows / xs[0]
+        lo = max(x for x in xs if x <= rows)
+        hi = min((x for x in xs if x >= rows), default=lo)
+        if hi == lo:
+            return points[lo] * rows / lo
+        return points[lo] + (points[hi] - points[lo]) * (rows - lo) / (hi - lo)
+
+    return at
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", default="32,64", help="comma-separated batch sizes (default 32,64)")
@@ -107,10 +134,11 @@ def main() -> None:
           f"({base.accelerator.reason}); matmul work {flops_per_token / 1e6:.0f} MFLOP per token; "
           f"{'rows held to --new-tokens' if args.ignore_eos else 'rows end at EOS'}")
     print(f"{'B':>4} {'dtype':>9} {'decode tok/s':>13} {'roof tok/s':>11} {'decode/roof':>12} "
-          f"{'/fp32 roof':>11} {'matmul GFLOP/s':>15} {'decode GFLOP/s':>15}")
+          f"{'/fp32 roof':>11} {'matmul GFLOP/s':>15} {'decode GFLOP/s':>15} {'/live roof':>11}")
     offset = 0
     for rows in (int(b) for b in args.batch.split(",")):
         rates: dict[str, list[float]] = {d: [] for d in dtypes}
+        lengths: dict[str, list[list[int]]] = {d: [] for d in dtypes}  # per timed round
         for r in range(-1, args.rounds):  # round -1 warms up (first calls, allocations), untimed
             batch = problems[offset : offset + rows]
             offset += rows
@@ -122,13 +150,18 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 if r >= 0:
                     rates[d].append(sum(len(c.response_ids) for c in completions) / seconds)
-        roofs = {d: rows / matmul_seconds(shapes, rows, repeats=5, dtype=d)
-                 for d in dict.fromkeys(["float32", *dtypes])}
+                    lengths[d].append([len(c.response_ids) for c in completions])
+        counts = sorted({*(2**k for k in range(rows.bit_length()) if 2**k < rows), rows})
+        step_s = {d: {k: matmul_seconds(shapes, k, repeats=5, dtype=d) for k in counts}
+                  for d in dict.fromkeys(["float32", *dtypes])}
+        roofs = {d: rows / t[rows] for d, t in step_s.items()}
         for d in dtypes:
             decode, roof = statistics.median(rates[d]), roofs[d]
+            live = statistics.median(  # tokens / live-roof seconds, per round
+                sum(n) / live_roof_seconds(n, interpolated(step_s[d])) for n in lengths[d])
             print(f"{rows:4d} {d:>9} {decode:13.0f} {roof:11.0f} {decode / roof:12.2f} "
                   f"{decode / roofs['float32']:11.2f} {flops_per_token * roof / 1e9:15.1f} "
-                  f"{flops_per_token * decode / 1e9:15.1f}")
+                  f"{flops_per_token * decode / 1e9:15.1f} {decode / live:11.2f}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ def tiny_model_and_tokenizer(
     intermediate: int | None = None,
     init_std: float = 0.1,
     max_positions: int = 2048,
+    tied: bool = False,
 ):
     """A randomly initialised tiny ``LlamaForCausalLM`` and its char-level tokenizer.
 
@@ -94,6 +95,7 @@ def tiny_model_and_tokenizer(
         init_std: Init std of the weights; 0.1 (larger than Llama's 0.02) gives peaked logits, so
             greedy decoding has few near-ties.
         max_positions: ``max_position_embeddings``.
+        tied: Tie the output head to the input embedding (``tie_word_embeddings``, as SmolLM2).
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode, fp32, on CPU.
@@ -113,7 +115,7 @@ def tiny_model_and_tokenizer(
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -19,7 +19,7 @@ from creditlab.step.generation import ThoughtConfig, generate_thoughts
 from creditlab.testing import check_backend, check_common
 from creditlab.types import GenerationRequest, SamplingParams
 
-from tests.helpers import THOUGHT
+from tests.helpers import THOUGHT, tiny_model_and_tokenizer
 from tests.vllm.conftest import MARKS, small_engine, tiny_pair
 
 pytestmark = MARKS
@@ -314,6 +314,29 @@ def test_weights_reach_the_engine_from_memory_and_through_a_file_alike(setup):
         by_file.close()
         model.load_state_dict(saved)
         vb.load_weights(None)
+
+
+def test_a_tied_head_is_sent_once_and_the_engine_ties_it():
+    """SmolLM2 ties its head to its embedding: the engine gets the shared tensor once (in its
+    first snapshot and every sync) and ties the head itself, so it samples what HF samples after
+    a step that moved the shared tensor."""
+    model, tok = tiny_model_and_tokenizer(seed=2, hidden=64, heads=2, tied=True)
+    vb, hb = small_engine(model, tok), HFBackend(model=model, tokenizer=tok)
+    reqs = _reqs(tok)
+    try:
+        for v, h in zip(_greedy(vb, reqs), _greedy(hb, reqs)):
+            _same(v, h)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(9)
+            for p in model.parameters():  # the embedding, and so the head, too
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        vb.metrics()
+        vb.load_weights(None)
+        assert vb.metrics()["sync_bytes"] == 4 * sum(p.numel() for p in model.parameters())
+        for v, h in zip(_greedy(vb, reqs), _greedy(hb, reqs)):
+            _same(v, h)
+    finally:
+        vb.close()
 
 
 def test_settings_vllm_would_change_or_cannot_honour_are_refused(setup):
