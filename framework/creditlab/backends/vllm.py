@@ -87,7 +87,7 @@ from creditlab.backends.vllm_params import (
 from creditlab.errors import ConfigError, InputError
 from creditlab.interfaces import GenerationBackend
 from creditlab.run.config import vllm_weight_sync, vllm_workers
-from creditlab.run.models import drop_tied_head, merged_state_dict
+from creditlab.run.models import merged_state_dict
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
 
 #: The one line printed when ``backend=vllm`` is selected without vLLM installed.
@@ -277,8 +277,10 @@ class VLLMBackend(GenerationBackend):
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights the engine should hold: the policy's, with LoRA adapters merged in under
         the base model's names (:func:`creditlab.run.models.merged_state_dict`; a plain model's
-        ``state_dict()``), a tied head left out (:func:`~creditlab.run.models.drop_tied_head`)."""
-        return drop_tied_head(self.model, merged_state_dict(self.model))
+        ``state_dict()``). A tied head is sent under its own name too: vLLM 0.32's reload does
+        not re-tie it from the embedding (``tests/vllm``: a tied model's head left out stays
+        stale)."""
+        return merged_state_dict(self.model)
 
     def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Reload ``state_dict`` in every worker, from memory or through the snapshot's file

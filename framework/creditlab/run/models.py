@@ -291,16 +291,3 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
         out[key] = (value + deltas[key].to(value.dtype)) if key in deltas else value.detach()
     return out
 
-
-def drop_tied_head(model: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state_dict`` without ``lm_head.weight`` when ``model`` (or the causal LM a ``peft`` model
-    wraps) ties its output head to its input embedding (``config.tie_word_embeddings`` and one
-    tensor): an engine that builds the model from the same config ties the head itself (vLLM skips
-    ``lm_head.*`` when loading a tied model, as a tied Hugging Face checkpoint has none), so the
-    shared tensor is sent once. Otherwise ``state_dict`` unchanged."""
-    base = model.get_base_model() if is_peft(model) else model
-    head, embed = base.get_output_embeddings(), base.get_input_embeddings()
-    tied = getattr(base.config, "tie_word_embeddings", False) and head is not None and embed is not None
-    if tied and head.weight is embed.weight and "lm_head.weight" in state_dict:
-        return {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
-    return state_dict
