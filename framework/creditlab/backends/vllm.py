@@ -278,8 +278,8 @@ class VLLMBackend(GenerationBackend):
         """The weights the engine should hold: the policy's, with LoRA adapters merged in under
         the base model's names (:func:`creditlab.run.models.merged_state_dict`; a plain model's
         ``state_dict()``). A tied head is sent under its own name too: vLLM 0.32's reload does
-        not re-tie it from the embedding (``tests/vllm``: a tied model's head left out stays
-        stale)."""
+        not re-tie it from the embedding (tried: left out, the head stays stale; ``tests/vllm``
+        checks that a tied model's sync reaches it)."""
         return merged_state_dict(self.model)
 
     def push_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -290,4 +290,3 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
         key = key.replace(".base_layer.", ".")
         out[key] = (value + deltas[key].to(value.dtype)) if key in deltas else value.detach()
     return out
-
