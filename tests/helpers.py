@@ -20,6 +20,7 @@ folder, for plug-in discovery tests.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -196,3 +197,17 @@ def check_finished_run(run_dir: str | Path, steps: int) -> list[dict]:
            if not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v))]
     assert not bad, f"non-finite or non-numeric metrics: {bad[:5]}"
     return rows
+
+
+#: The repository's root (benchmarks/ and sweeps/ hold scripts, not packages).
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relative: str):
+    """The module of the script at ``ROOT / relative`` (e.g. ``"sweeps/blame_share.py"``),
+    executed once under its file name, so tests call its functions directly."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[2] / "sweeps" / "blame_share.py"
+from tests.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def blame_share():
-    spec = importlib.util.spec_from_file_location("blame_share", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sweeps/blame_share.py")
 
 
 def test_shares_split_the_weight_around_the_first_wrong_thought(blame_share):

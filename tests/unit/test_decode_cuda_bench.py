@@ -4,20 +4,17 @@ checked where CI runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_cuda.py"
+from tests.helpers import load_script
+
 PATHS = {"fused-fp32": "fused", "fused-bf16": "fused", "trainer-gpu": "fused", "forward-fp32": "none",
          "forward-bf16": "none", "generate-static": "eager"}  # no CUDA: generate compiles nothing
 
 
 def test_every_variant_decodes_to_the_budget_on_its_path(tmp_path, monkeypatch) -> None:
-    spec = importlib.util.spec_from_file_location("decode_cuda", _SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/decode_cuda.py")
     out = tmp_path / "rows.json"
     monkeypatch.setattr(sys, "argv", [
         "decode_cuda.py", "--device", "cpu", "--shape", "tiny", "--batch", "2,3", "--new-tokens", "5",

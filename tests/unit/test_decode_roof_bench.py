@@ -3,20 +3,14 @@ still decoding, so rows that end early lower the roof instead of the ratio."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_roof.py"
+from tests.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("decode_roof", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/decode_roof.py")
 
 
 def test_live_roof_charges_each_step_its_live_rows(bench):

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "sweeps" / "equal_tokens.py"
+from tests.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def equal_tokens():
-    spec = importlib.util.spec_from_file_location("equal_tokens", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sweeps/equal_tokens.py")
 
 
 def _run(path: Path, tokens: dict[int, float], evals: dict[int, list[int]]) -> Path:

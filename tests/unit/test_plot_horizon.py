@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
 from tests.unit.test_compare import EVALS, make_run
 from tests.unit.test_paired_problems import _greedy, write_problems
 
-_PATH = Path(__file__).resolve().parents[2] / "sweeps" / "plot_horizon.py"
-
 
 def _plot_horizon():
-    spec = importlib.util.spec_from_file_location("plot_horizon", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sweeps/plot_horizon.py")
 
 
 def test_five_seeds_give_both_tests_and_three_plots(tmp_path, monkeypatch, capsys):

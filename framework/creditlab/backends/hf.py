@@ -320,22 +320,23 @@ class HFBackend(GenerationBackend):
                 logits = feed_last(fused, self.model, hits, distinct, inverse, pad, device, max_new,
                                    self.config.fused_shared_context_min) if reused else None
                 lead = int(logits is not None)  # 1: the contexts' last tokens fed as a step
-                if reused and not lead:  # stored keys/values for what continues a stored row
-                    cache = make_cache(self.model, max(n for n, _ in hits) + width, True)
-                    feed = past_cache(cache, hits, distinct, pad, device)  # prefill the rest
-                if not lead:
+                if lead:
+                    cache = None  # the fused steps own the keys/values, started from the store
+                else:
+                    if reused:  # stored keys/values for what continues a stored row, prefill the rest
+                        cache = make_cache(self.model, max(n for n, _ in hits) + width, True)
+                        feed = past_cache(cache, hits, distinct, pad, device)
                     out = self._forward(input_ids=feed[0], attention_mask=feed[1], position_ids=feed[2],
                                         use_cache=True, **{CACHE_KEY: cache}, **last_only)
                     cache, logits = cache_of(out), out.logits[:, -1, :][inverse]
                     self._stats["prefill_tokens"] += sum(len(c) - n for c, (n, _) in zip(distinct, hits))
-                if lead or (fused is not None and plain_kv(cache)):
-                    if not lead:
+                    if fused is not None and plain_kv(cache):
                         fused.start(cache, inverse, feed[1].bool() if has_pad or reused else None,
                                     max_new - 1, self.config.fused_shared_context_min)
-                    cache = None  # the fused steps own the keys/values from here
-                else:
-                    fused = None
-                    cache.batch_select_indices(inverse)
+                        cache = None  # the fused steps own the keys/values from here
+                    else:
+                        fused = None
+                        cache.batch_select_indices(inverse)
             elif fused is not None:
                 logits = fused.step(feed_ids[:, 0], feed_pos[:, 0])
             else:
@@ -377,8 +378,7 @@ class HFBackend(GenerationBackend):
             done = step + 1 == max_new or n_dead == len(rows)  # rows alive at the end: "length"
             compact = bool(n_dead) and n_dead >= self.config.compact_fraction * len(rows)
             if fused is not None and (done or compact) and self.config.prefix_cache_mb > 0:
-                keep_rows(self._store, fused, rows, None if done else ~alive, contexts, out_tokens, ended_at,
-                          lead)
+                keep_rows(self._store, fused, rows, None if done else ~alive, contexts, out_tokens, ended_at, lead)
             if done:
                 return
             if compact:
