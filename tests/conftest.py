@@ -16,6 +16,19 @@ torch.set_num_threads(2)
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """``CREDITLAB_EXPECT_CPU_CAPABILITY`` (set by ``make test-numerics``): stop before any test
+    unless torch runs that capability's kernels, so a restriction that did not take effect
+    (a misspelt value, a CPU without it) is never a green run on the machine's own kernels."""
+    want = os.environ.get("CREDITLAB_EXPECT_CPU_CAPABILITY")
+    got = torch.backends.cpu.get_cpu_capability()
+    if want and got != want:
+        raise pytest.UsageError(
+            f"CREDITLAB_EXPECT_CPU_CAPABILITY={want}, but torch runs {got} kernels "
+            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')!r}); set ATEN_CPU_CAPABILITY "
+            f"to avx2 or default, which this CPU must support")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models run faster on one thread when the machine is busy (OpenMP barriers)."""

@@ -21,8 +21,16 @@ from creditlab.types import GenerationRequest, SamplingParams
 from packaging.specifiers import SpecifierSet
 
 from tests.helpers import char_tokenizer, tiny_model_and_tokenizer, with_token_bias
+from tests.numerics import assert_close_fp, lm_length
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.accel]
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.accel, pytest.mark.numerics]
+
+
+def _assert_logprobs_alike(a, b, model):
+    """Per completion: log-probs within the rounding of one whole sequence's forward."""
+    for x, y in zip(a, b):
+        n = lm_length(model.config, len(y.prompt_ids) + len(y.response_ids))
+        assert_close_fp(torch.tensor(x.logprobs), torch.tensor(y.logprobs), length=n)
 
 
 def _qwen2(tie: bool = True, kv_heads: int = 2):
@@ -109,7 +117,8 @@ def test_steps_equal_model_forward(name, layout, budget, shared_min):
         assert dec is not None and dec.fused_weights == (budget > 0)
         ref_cache, mask, last, logits = _prefill(model, rows, capacity=16)
         ctx_cache, ctx_mask, _, ctx_logits = _prefill(model, distinct, capacity=16)
-        torch.testing.assert_close(ctx_logits[inverse], logits, rtol=1e-5, atol=1e-5)
+        n = lm_length(model.config, 16)  # the cache's capacity: prompt and steps
+        assert_close_fp(ctx_logits[inverse], logits, length=n)
         has_pad = bool((ctx_mask == 0).any())
         dec.start(ctx_cache, inverse, ctx_mask.bool() if has_pad else None, max_new=steps,
                   min_shared_context=shared_min)
@@ -126,7 +135,7 @@ def test_steps_equal_model_forward(name, layout, budget, shared_min):
             mask = torch.cat([mask, mask.new_ones(len(last), 1)], dim=1)
             ref = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last[:, None],
                         use_cache=True, **{CACHE_KEY: ref_cache}).logits[:, -1]
-            torch.testing.assert_close(dec.step(tok, last), ref, rtol=1e-5, atol=1e-5)
+            assert_close_fp(dec.step(tok, last), ref, length=n)
             logits = ref
         with pytest.raises(RuntimeError, match="decoding steps"):
             dec.step(tok, last + 1)
@@ -169,9 +178,7 @@ def test_generate_samples_alike_with_fused_steps_on_or_off(name, cfg, monkeypatc
         assert len(calls) == n_on  # off: the model's forward only
         assert [c.response_ids for c in a] == [c.response_ids for c in b]
         assert [c.finish_reason for c in a] == [c.finish_reason for c in b]
-        for x, y in zip(a, b):
-            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
-                                       rtol=0, atol=1e-5)
+        _assert_logprobs_alike(a, b, model)
     assert {c.finish_reason for c in a} >= {"eos", "length"}
 
 
@@ -349,9 +356,7 @@ def test_lora_model_decodes_with_fused_steps(name, monkeypatch):
         assert calls
         b = off.generate(reqs, sp)
         assert [c.response_ids for c in a] == [c.response_ids for c in b]
-        for x, y in zip(a, b):
-            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs),
-                                       rtol=0, atol=1e-5)
+        _assert_logprobs_alike(a, b, model)
     plain, _ = MODELS[name]()  # the adapters change the samples: they were really used
     assert [c.response_ids for c in HFBackend(model=plain, tokenizer=tok).generate(reqs, sp)] != [
         c.response_ids for c in a]
@@ -373,3 +378,25 @@ def _lora_dora(name: str):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
         return get_peft_model(model, cfg).eval(), tok
+
+
+def test_compile_keeps_inductors_cache_per_cpu_capability(monkeypatch, tmp_path):
+    """torch 2.13 reuses inductor code across ATEN_CPU_CAPABILITY values (a kernel cached under
+    AVX2 did not build under the baseline): compile mode moves torch's default cache folder to one
+    per capability, and leaves a folder the user chose alone."""
+    import getpass
+    import os
+    import tempfile
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic: compiled.append(fn) or fn)
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default)  # what importing torch sets
+    model, _ = tiny_model_and_tokenizer()
+    assert accel.compile_model(model, "none") is model and not compiled
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default
+    accel.compile_model(model, "compile")
+    assert compiled and os.environ["TORCHINDUCTOR_CACHE_DIR"] == f"{default}_{torch.backends.cpu.get_cpu_capability().lower()}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    accel.compile_model(tiny_model_and_tokenizer()[0], "compile")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)

@@ -8,6 +8,9 @@ from creditlab.step.forward import branch_logits
 from creditlab.step.policy import ModelPolicyHandle
 
 from tests.helpers import tiny_model_and_tokenizer
+from tests.numerics import assert_close_fp, lm_length
+
+pytestmark = pytest.mark.numerics
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +36,18 @@ def _case(vocab: int, seed: int = 0):
     return ids, mask, rows, at, branch_ids * branch_mask, branch_mask
 
 
+def _length(handle, case):
+    """Rounded terms behind one branch log-prob: a trunk and its branch, one sequence."""
+    return lm_length(handle.model.config, case[0].shape[1] + case[4].shape[1])
+
+
 def test_cached_branches_equal_full_sequences(handle):
     case = _case(handle.model.config.vocab_size)
     assert branch_logits(handle.model, *case) is not None  # the cached path runs for a Llama
     fast = handle.branch_logprobs(*case)
     plain = PolicyHandle.branch_logprobs(handle, *case)  # the default: one full forward per branch
     assert fast.shape == plain.shape == case[4].shape
-    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+    assert_close_fp(fast, plain, length=_length(handle, case))
     assert (fast[case[5] == 0] == 0).all() and (fast[case[5] > 0] < 0).all()
 
 
@@ -48,7 +56,7 @@ def test_chunked_branches_and_no_branches(handle):
     whole = handle.branch_logprobs(*case)
     handle.micro_batch_size = 2
     try:
-        torch.testing.assert_close(handle.branch_logprobs(*case), whole, atol=1e-6, rtol=1e-6)
+        assert_close_fp(handle.branch_logprobs(*case), whole, length=_length(handle, case))
     finally:
         handle.micro_batch_size = 0
     empty = handle.branch_logprobs(case[0], case[1], torch.zeros(0, dtype=torch.long),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,11 @@ def test_the_kernel_stand_ins_get_their_env_and_must_use_those_kernels(demo_chec
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == "/bin"
     assert demo_check.run_env(base, {})["ONEDNN_MAX_CPU_ISA"] == "SSE41"
+    # a restriction exported in the shell reaches no stand-in but its own: the seeds keep this CPU's
+    shell = {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    seed1 = next(s for s in demo_check.STANDINS if s.name == "RL seed 1")
+    assert demo_check.run_env(seed1, shell) == {"PATH": "/bin", "HF_HUB_OFFLINE": "1"}
+    assert demo_check.run_env(base, shell)["ATEN_CPU_CAPABILITY"] == "default"
     with pytest.raises(ValueError, match="did not take effect"):
         demo_check.summarize(_run_dir(tmp_path / "r", 0.1, 0.05, "AVX512"), avx2)
     assert demo_check.summarize(_run_dir(tmp_path / "s", 0.1, 0.05, "AVX2"), avx2)["kernels"] == "AVX2"
@@ -81,3 +87,22 @@ def test_main_runs_each_stand_in_and_fails_below_the_minimum_gain_or_an_interval
     assert "| RL seed 1 | AVX512 | 0.300 | 0.400 | +0.100 [+0.050, +0.150] | 0.500 -> 0.560 |" in table
     assert ("interval reaches 0" in table) == bool(status)
     assert [r["stand-in"] for r in json.loads((out / "demo_check.json").read_text())] == ["RL seed 1", "AVX2 kernels"]
+
+
+def test_make_test_numerics_restricts_the_kernels_of_the_stand_ins(demo_check):
+    """``make test-numerics`` (run by .ci/run) sets the stand-ins' variables, and asks the tests to
+    stop unless torch took them (tests/conftest.py)."""
+    root = _PATH.parents[1]
+    makefile = (root / "Makefile").read_text()
+
+    def variables(name):
+        line = re.search(rf"^{name} := (.*)$", makefile, re.M).group(1)
+        return dict(pair.split("=", 1) for pair in line.split())
+
+    assert variables("KERNELS_AVX2") == demo_check.AVX2
+    assert variables("KERNELS_BASELINE") == demo_check.BASELINE
+    target = makefile.split("\ntest-numerics:", 1)[1].split("\n\n", 1)[0]
+    assert "$(KERNELS_AVX2) CREDITLAB_EXPECT_CPU_CAPABILITY=AVX2" in target
+    assert "$(KERNELS_BASELINE) CREDITLAB_EXPECT_CPU_CAPABILITY=DEFAULT" in target
+    assert "-m numerics" in target
+    assert "make test-numerics" in (root / ".ci" / "run").read_text()

@@ -17,8 +17,9 @@ from creditlab.step.rollout import RolloutConfig, collate
 from creditlab.types import Completion, Problem, Trajectory
 
 from tests.helpers import tiny_model_and_tokenizer
+from tests.numerics import assert_close_fp, lm_length
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.numerics]
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,16 @@ def _with_grads(model, fn):
     return out, grads
 
 
-def _assert_grads_close(want, got):
+def _n(model, batch):
+    """Rounded terms behind one logit or log-prob of ``batch``."""
+    return lm_length(model.config, batch.input_ids.shape[1])
+
+
+def _assert_grads_close(want, got, model, batch):
+    """Every parameter's gradient within rounding of its tensor's scale."""
+    n = lm_length(model.config, batch.input_ids.shape[1], backward=True, tokens=int(batch.attention_mask.sum()))
     for a, b in zip(want, got):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+        assert_close_fp(b, a, length=n)
 
 
 def test_unique_rows_first_appearance_order():
@@ -115,9 +123,9 @@ def test_shared_prompts_equal_plain_logprobs_and_gradients(model):
     assert len(calls) == 2  # the prompt pass and the response pass: the prompts were shared
     assert kept[shared].shape == kept[plain].shape and kept[shared].dtype == torch.float32
     real = batch.response_mask.bool()
-    torch.testing.assert_close(lp_shared[real], lp_plain[real], atol=1e-5, rtol=0)
-    torch.testing.assert_close(kept[shared], kept[plain], atol=1e-5, rtol=0)  # pads too
-    _assert_grads_close(g_plain, g_shared)
+    assert_close_fp(lp_shared[real], lp_plain[real], length=_n(model, batch))
+    assert_close_fp(kept[shared], kept[plain], length=_n(model, batch))  # pads too
+    _assert_grads_close(g_plain, g_shared, model, batch)
 
 
 def test_micro_batches_split_groups(model):
@@ -135,8 +143,8 @@ def test_micro_batches_split_groups(model):
 
     lp_plain, g_plain = _with_grads(model, lambda: run(_plain))
     lp_shared, g_shared = _with_grads(model, lambda: run(_shared))
-    torch.testing.assert_close(lp_shared, lp_plain, atol=1e-5, rtol=0)
-    _assert_grads_close(g_plain, g_shared)
+    assert_close_fp(lp_shared, lp_plain, length=_n(model, batch))
+    _assert_grads_close(g_plain, g_shared, model, batch)
 
 
 def test_no_duplicates_falls_back_to_one_plain_forward(model):
@@ -152,10 +160,10 @@ def test_no_duplicates_falls_back_to_one_plain_forward(model):
         assert len(calls) == 1
     finally:
         handle.remove()
-    torch.testing.assert_close(lp, lp_plain, atol=1e-5, rtol=0)
-    _assert_grads_close(g_plain, g)
+    assert_close_fp(lp, lp_plain, length=_n(model, batch))
+    _assert_grads_close(g_plain, g, model, batch)
     with torch.no_grad():
-        torch.testing.assert_close(off, _plain(model, _rollout(seed=2)), atol=1e-5, rtol=0)
+        assert_close_fp(off, _plain(model, _rollout(seed=2)), length=_n(model, _rollout(seed=2)))
 
 
 def test_one_response_column_under_no_grad(model):
@@ -166,7 +174,7 @@ def test_one_response_column_under_no_grad(model):
         got = response_logits(model, ids, mask, p)
         want = forward_logits(model, ids, mask)[:, p - 1 : -1]
     assert got.shape == (batch.size, 1, want.shape[-1])
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert_close_fp(got, want, length=lm_length(model.config, p + 1))
 
 
 def test_unsupported_cache_falls_back():
@@ -188,7 +196,7 @@ def test_unsupported_cache_falls_back():
         handle.remove()
     assert len(calls) == 1
     with torch.no_grad():
-        torch.testing.assert_close(got, _plain(mistral, batch), atol=1e-5, rtol=0)
+        assert_close_fp(got, _plain(mistral, batch), length=_n(mistral, batch))
 
 
 def test_dropout_and_gradient_checkpointing_fall_back():
@@ -215,7 +223,7 @@ def test_dropout_and_gradient_checkpointing_fall_back():
     finally:
         handle.remove()
     want, _ = _with_grads(model, lambda: _backward(batch, _plain(model, batch)))
-    torch.testing.assert_close(lp, want, atol=1e-5, rtol=0)
+    assert_close_fp(lp, want, length=_n(model, batch))
 
 
 def test_module_response_logits_and_old_logprobs_equal_plain():
@@ -231,9 +239,9 @@ def test_module_response_logits_and_old_logprobs_equal_plain():
         want = _plain(model, batch)
         got = module.response_logits(batch, rows)
         old = module.old_logprobs(batch)
-    torch.testing.assert_close(got, want[rows], atol=1e-5, rtol=0)
+    assert_close_fp(got, want[rows], length=_n(model, batch))
     want_lp = gather_logprobs(want, batch.response_ids) * batch.response_mask
-    torch.testing.assert_close(old, want_lp, atol=1e-5, rtol=0)
+    assert_close_fp(old, want_lp, length=_n(model, batch))
 
 
 @pytest.mark.parametrize("name", ["llama-dynamic-rope", "llama-mha", "llama-head-bias", "qwen2-tied", "qwen2-mqa"])
@@ -258,9 +266,8 @@ def test_shared_prompts_equal_plain_forward_on_every_architecture(name):
 
     want, g_want = run(lambda: forward_logits(model, ids, mask)[:, p - 1 : -1].float())
     got, g_got = run(lambda: response_logits(model, ids, mask, p))
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)  # pads too
-    for a, b in zip(g_want, g_got):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+    assert_close_fp(got, want, length=_n(model, batch))  # pads too
+    _assert_grads_close(g_want, g_got, model, batch)
 
 
 def test_keep_last_index_gives_the_int_slices_logits_from_a_contiguous_input():

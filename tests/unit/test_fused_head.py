@@ -11,7 +11,18 @@ from creditlab.step.losses import entropy_from_logits, gather_logprobs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tests.numerics import assert_close_fp, lm_length
+
+pytestmark = pytest.mark.numerics
+
 N, H, V = 37, 16, 301
+
+
+def _length(n=N, h=H, v=V, backward=False):
+    """Rounded terms behind one log-prob or entropy of the head (a logit's dot product over ``h``,
+    the softmax's sum over ``v``) and, with ``backward``, behind one gradient (the chain back, and
+    a weight's sum over the ``n`` tokens)."""
+    return 2 * (h + v) + n if backward else h + v
 
 
 def _inputs(n=N, h=H, v=V, dtype=torch.float32, bias=True, seed=0, scale=0.5):
@@ -44,11 +55,11 @@ def test_equals_unfused_values_and_gradients(token_chunk, vocab_chunk, temperatu
                                     vocab_chunk=vocab_chunk)
     lp_ref, ent_ref = _reference(hid, w, b, y, temperature)
     assert lp.dtype == ent.dtype == torch.float32 and lp.shape == ent.shape == (N,)
-    torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
+    assert_close_fp(lp, lp_ref, length=_length())
+    assert_close_fp(ent, ent_ref, length=_length())
     want = _grads(lp_ref, ent_ref, a, 0.37, (hid, w, b))
     for g, g_ref in zip(_grads(lp, ent, a, 0.37, (hid, w, b)), want):
-        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+        assert_close_fp(g, g_ref, length=_length(backward=True))
 
 
 def test_gradcheck_float64_both_outputs():
@@ -72,7 +83,7 @@ def test_one_output_alone(which):
     got = torch.autograd.grad((a * out[which]).sum(), (hid, w))
     want = torch.autograd.grad((a * ref[which]).sum(), (hid, w))
     for g, g_ref in zip(got, want):
-        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+        assert_close_fp(g, g_ref, length=_length(backward=True))
 
 
 def test_frozen_head_and_leading_dims():
@@ -82,10 +93,10 @@ def test_frozen_head_and_leading_dims():
     lp, ent = fused_logprob_entropy(hid.view(3, 4, H), w, y.view(3, 4), token_chunk=5)
     lp_ref, ent_ref = _reference(hid, w, None, y, 1.0)
     assert lp.shape == ent.shape == (3, 4)
-    torch.testing.assert_close(lp.reshape(-1), lp_ref, rtol=1e-5, atol=1e-5)
+    assert_close_fp(lp.reshape(-1), lp_ref, length=_length(n=12))
     (g,) = torch.autograd.grad(lp.sum() + ent.sum(), hid)
     (g_ref,) = torch.autograd.grad(lp_ref.sum() + ent_ref.sum(), hid)
-    torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+    assert_close_fp(g, g_ref, length=_length(n=12, backward=True))
 
 
 def test_bf16_accumulates_in_fp32():
@@ -151,9 +162,9 @@ def test_tied_embeddings_gradients_add_up():
     logits = model(input_ids=ids).logits[:, :-1]
     lp_ref, ent_ref = gather_logprobs(logits, ids[:, 1:], 0.8), entropy_from_logits(logits, 0.8)
     (a * lp_ref).sum().add(0.3 * ent_ref.sum()).backward()
-    torch.testing.assert_close(lp, lp_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent, ent_ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fused, model.lm_head.weight.grad, rtol=1e-4, atol=1e-6)
+    assert_close_fp(lp, lp_ref, length=lm_length(cfg, 9))
+    assert_close_fp(ent, ent_ref, length=lm_length(cfg, 9))
+    assert_close_fp(fused, model.lm_head.weight.grad, length=lm_length(cfg, 9, backward=True, tokens=ids.numel()))
 
 
 def test_no_tokens():
@@ -228,6 +239,6 @@ def test_trl_backend_agrees(vocab_chunk):
     got = fused_logprob_entropy(hid, w, y, b, backend="trl", **kw)
     want = fused_logprob_entropy(hid, w, y, b, token_chunk=7, **kw)
     for x, x_ref in zip(got, want):
-        torch.testing.assert_close(x, x_ref, rtol=1e-5, atol=1e-5)
+        assert_close_fp(x, x_ref, length=_length())
     for g, g_ref in zip(_grads(*got, a, 0.4, (hid, w, b)), _grads(*want, a, 0.4, (hid, w, b))):
-        torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=1e-5)
+        assert_close_fp(g, g_ref, length=_length(backward=True))

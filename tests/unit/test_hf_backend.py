@@ -13,11 +13,12 @@ from creditlab.errors import ConfigError
 from creditlab.types import GenerationRequest, SamplingParams
 
 from tests.helpers import THOUGHT, tiny_model_and_tokenizer, with_token_bias
+from tests.numerics import approx_fp, assert_close_fp, lm_length
 
 PROMPTS = ["1+2=", "hello world, how are", "x", "abc def ghi jkl mno", "Q: 17*3?"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.numerics]
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +98,10 @@ def test_greedy_is_teacher_forced_argmax_and_logprobs_match(backend, mt):
         assert lp.argmax(-1).tolist() == list(c.response_ids)
         got = torch.tensor(c.logprobs)
         want = lp.gather(1, torch.tensor(c.response_ids)[:, None]).squeeze(1)
-        assert torch.allclose(got, want, atol=1e-4)
+        n = _length(model, c)
+        assert_close_fp(got, want, length=n)
         ent = -(lp.exp() * lp).sum(-1)  # greedy: the entropy at T = 1
-        assert torch.allclose(torch.tensor(c.entropies), ent, atol=1e-4)
+        assert_close_fp(torch.tensor(c.entropies), ent, length=n)
 
 
 def test_sampled_logprobs_equal_teacher_forced_at_temperature(backend, mt):
@@ -113,10 +115,11 @@ def test_sampled_logprobs_equal_teacher_forced_at_temperature(backend, mt):
         new = c.response_ids[c.prefix_len :]
         lp = _teacher_logprobs(model, r.prompt_ids, c.response_ids, 0.7)[c.prefix_len :]
         want = lp.gather(1, torch.tensor(new)[:, None]).squeeze(1)
-        assert torch.allclose(torch.tensor(c.logprobs), want, atol=1e-4)
+        n = _length(model, c)
+        assert_close_fp(torch.tensor(c.logprobs), want, length=n)
         ent = -(lp.exp() * lp).sum(-1)  # entropies: at T, before truncation, generated tokens
         assert len(c.entropies) == len(new)
-        assert torch.allclose(torch.tensor(c.entropies), ent, atol=1e-4)
+        assert_close_fp(torch.tensor(c.entropies), ent, length=n)
 
 
 def test_sampled_tokens_stay_in_top_k_and_top_p_sets(backend, mt):
@@ -281,7 +284,7 @@ def test_eos_ends_rows_and_is_kept_and_compaction_is_invariant(mt):
     # shape of the matrix products, which may change the last bits).
     for a, b in zip(*runs):
         assert (a.response_ids, a.finish_reason, a.text) == (b.response_ids, b.finish_reason, b.text)
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.logprobs == approx_fp(b.logprobs, length=_length(model, b))
     ends = [c for c in runs[0] if c.finish_reason == "eos"]
     assert 2 <= len(ends) < len(reqs)  # some rows end early, others keep going
     for c in ends:
@@ -311,7 +314,7 @@ def test_sampled_rows_do_not_depend_on_when_finished_rows_are_dropped(mt, accele
     ends = {c.finish_reason for c in runs[0]}
     assert ends == {"eos", "length"}, ends  # rows end at different steps: compaction happens
     for other in runs[1:]:
-        _assert_same_samples(runs[0], other)
+        _assert_same_samples(runs[0], other, model)
 
 
 @pytest.mark.parametrize("accelerator", ["auto", "none"])
@@ -351,7 +354,7 @@ def test_prefix_continuation_reproduces_uninterrupted_greedy_run(backend, mt):
         for f, c in zip(full, resumed):
             assert c.prefix_len == k and c.response_ids[:k] == f.response_ids[:k]
             assert c.response_ids == f.response_ids
-            assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(f.logprobs[k:]), atol=1e-4)
+            assert_close_fp(torch.tensor(c.logprobs), torch.tensor(f.logprobs[k:]), length=_length(mt[0], f))
 
 
 def test_mixed_batch_equals_rows_alone(mt):
@@ -371,7 +374,7 @@ def test_mixed_batch_equals_rows_alone(mt):
         batch = HFBackend(cfg, model=model, tokenizer=tok).generate(reqs, sp)
         assert [c.response_ids for c in batch] == [c.response_ids for c in alone], cfg
         for a, b in zip(alone, batch):
-            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+            assert_close_fp(torch.tensor(a.logprobs), torch.tensor(b.logprobs), length=_length(model, b))
 
 
 def test_train_mode_restored_and_load_weights(mt):
@@ -429,11 +432,17 @@ def _prefill_rows(model):
     return rows, model.register_forward_hook(hook, with_kwargs=True)
 
 
-def _assert_same_samples(a, b):
+def _length(model, completion):
+    """Rounded terms behind one log-prob or entropy of ``completion`` (its whole sequence)."""
+    return lm_length(model.config, len(completion.prompt_ids) + len(completion.response_ids))
+
+
+def _assert_same_samples(a, b, model):
+    """The same tokens and ends; log-probs within rounding (another batch shape or cache)."""
     assert [c.response_ids for c in a] == [c.response_ids for c in b]
     assert [c.finish_reason for c in a] == [c.finish_reason for c in b]
     for x, y in zip(a, b):
-        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
+        assert_close_fp(torch.tensor(x.logprobs), torch.tensor(y.logprobs), length=_length(model, y))
 
 
 @pytest.mark.parametrize(
@@ -460,7 +469,7 @@ def test_shared_prefill_samples_like_per_row_prefill(mt, cfg):
             shared_rows = list(rows)
             rows.clear()
             b = off.generate(reqs, sp)
-            _assert_same_samples(a, b)
+            _assert_same_samples(a, b, model)
             assert sum(shared_rows) < sum(rows) == len(reqs)
             results.append(a)
     finally:
@@ -493,7 +502,7 @@ def test_shared_prefill_with_sliding_window_cache():
     finally:
         hook.remove()
     off = HFBackend(HFBackend.Config(share_prefill=False), model=model, tokenizer=tok)
-    _assert_same_samples(a, off.generate(reqs, sp))
+    _assert_same_samples(a, off.generate(reqs, sp), model)
 
 
 def test_shared_prefill_off_for_other_cache_layers(mt, monkeypatch):
@@ -523,7 +532,7 @@ def test_shared_prefill_off_for_other_cache_layers(mt, monkeypatch):
         assert rows == [len(reqs)]
     finally:
         hook.remove()
-    _assert_same_samples(a, HFBackend(model=model, tokenizer=tok).generate(reqs, sp))
+    _assert_same_samples(a, HFBackend(model=model, tokenizer=tok).generate(reqs, sp), model)
 
 
 def test_topk_entropy_exact_on_the_head_and_a_lower_bound_on_the_tail():

@@ -10,8 +10,14 @@ from creditlab.step.policy import ModelPolicyHandle
 from creditlab.testing import FakePolicyHandle
 
 from tests.helpers import tiny_model_and_tokenizer
+from tests.numerics import assert_close_fp, lm_length
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.numerics]
+
+
+def _length(model, ids):
+    """Rounded terms behind one input gradient (the forward and backward chains)."""
+    return lm_length(model.config, ids.shape[1], backward=True)
 
 
 def _objective(emb: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -50,7 +56,7 @@ def test_model_handle_offset_is_the_hand_gradient_at_the_shifted_input(model_han
     emb, grad = ctx.input_gradients(ids, att, _objective, embedding_offset=offset)
     want_e, want_g = _hand(model, ids, att, offset)
     torch.testing.assert_close(emb, e0, rtol=0, atol=0)  # the clean E is returned
-    torch.testing.assert_close(grad, want_g, rtol=1e-5, atol=1e-6)
+    assert_close_fp(grad, want_g, length=_length(model, ids))
     _, plain = ctx.input_gradients(ids, att, _objective)
     assert not torch.allclose(grad, plain, rtol=1e-3, atol=1e-4)  # the offset changes the forward
     # a float64 offset is cast to the embeddings' dtype
@@ -64,9 +70,9 @@ def test_model_handle_without_offset_is_unchanged(model_handle):
     emb, grad = ctx.input_gradients(ids, att, _objective)
     want_e, want_g = _hand(model, ids, att, None)
     torch.testing.assert_close(emb, want_e, rtol=0, atol=0)
-    torch.testing.assert_close(grad, want_g, rtol=1e-5, atol=1e-6)
+    assert_close_fp(grad, want_g, length=_length(model, ids))
     _, zero = ctx.input_gradients(ids, att, _objective, embedding_offset=torch.zeros_like(emb))
-    torch.testing.assert_close(zero, grad, rtol=1e-5, atol=1e-6)  # summation order differs
+    assert_close_fp(zero, grad, length=_length(model, ids))  # summation order differs
     with pytest.raises(ValueError, match="embedding_offset"):
         ctx.input_gradients(ids, att, _objective, embedding_offset=torch.zeros(emb.shape[1:]))
 

@@ -15,12 +15,19 @@ from tests.unit.test_accel import MODELS
 from tests.unit.test_branch_logprobs import _case
 from tests.unit.test_fused_head import _Largest
 from tests.unit.test_oar import _batch
+from tests.numerics import assert_close_fp, lm_length
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.numerics]
 
 
 def _handle(model, fused, tok=None, seed=0):
     return ModelPolicyHandle(model, tok, None, torch.Generator().manual_seed(seed), fused_head=fused)
+
+
+def _input_grad_length(model, ids, mask):
+    """Rounded terms behind one input gradient: the forward and backward chains (an embedding's
+    gradient sums no positions)."""
+    return lm_length(model.config, ids.shape[1], backward=True)
 
 
 def _read(mask, seed=0):
@@ -42,12 +49,13 @@ def test_read_logits_are_the_full_logits_at_the_read_positions(name, fused):
         full = forward_logits(model, ids, mask)  # (B, L, V)
     got = _handle(model, fused).read_logits(ids, mask, read)
     assert got.shape == (int(read.sum()), model.config.vocab_size) and got.dtype == torch.float32
-    torch.testing.assert_close(got, full[read], atol=1e-5, rtol=1e-5)
+    n = lm_length(model.config, ids.shape[1])
+    assert_close_fp(got, full[read], length=n)
     chunked = _handle(model, fused)
     chunked.micro_batch_size = 2
-    torch.testing.assert_close(chunked.read_logits(ids, mask, read), got, atol=1e-5, rtol=1e-5)
+    assert_close_fp(chunked.read_logits(ids, mask, read), got, length=n)
     default = PolicyHandle.read_logits(_handle(model, fused), ids, mask, read)  # via input_gradients
-    torch.testing.assert_close(default, got, atol=1e-5, rtol=1e-5)
+    assert_close_fp(default, got, length=n)
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])
@@ -60,10 +68,11 @@ def test_cached_branch_reads_equal_whole_sequences(fused):
     fast = handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, read)
     plain = PolicyHandle.branch_read_logits(handle, ids, mask, rows, at, branch_ids, branch_mask, read)
     assert fast.shape == plain.shape == (int(read.sum()), model.config.vocab_size)
-    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)
+    n = lm_length(model.config, ids.shape[1] + branch_ids.shape[1])
+    assert_close_fp(fast, plain, length=n)
     # two branches a forward, longest first, each chunk cut to its own width: the same, in order
     chunked = handle.branch_read_logits(ids, mask, rows, at, branch_ids, branch_mask, read, chunk=2)
-    torch.testing.assert_close(chunked, plain, atol=1e-5, rtol=1e-5)
+    assert_close_fp(chunked, plain, length=n)
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])
@@ -78,9 +87,9 @@ def test_input_gradients_with_read_positions_equal_the_full_logits(fused):
                                        embedding_offset=offset, read=read)
     emb_ref, grad_ref = handle.input_gradients(
         ids, mask, lambda e, z: (z[read].log_softmax(-1) * weights).sum(), embedding_offset=offset)
-    torch.testing.assert_close(emb, emb_ref)
+    assert torch.equal(emb, emb_ref)  # the same lookup by construction
     assert grad.abs().max() > 0
-    torch.testing.assert_close(grad, grad_ref, atol=1e-6, rtol=1e-4)
+    assert_close_fp(grad, grad_ref, length=_input_grad_length(model, ids, mask))
 
 
 def test_fused_read_builds_no_tensor_of_rows_by_tokens_by_vocab():
@@ -113,7 +122,10 @@ def test_oar_importance_is_the_same_with_the_head_fused(cls, options):
     got = [cls(cls.Config(**options)).importance(batch, _handle(model, fused, tok, seed=7), rows=[0, 1, 2, 3])
            for fused in ("on", "off")]
     assert got[0][1].equal(got[1][1]) and got[0][1].any()
-    torch.testing.assert_close(got[0][0], got[1][0], atol=1e-6, rtol=1e-4)
+    # importance: gradients of read log-probs against the input embeddings, summed over each span
+    ids = batch.input_ids
+    n = _input_grad_length(model, ids, batch.attention_mask) + ids.shape[1]
+    assert_close_fp(got[0][0], got[1][0], length=n)
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])
@@ -163,10 +175,11 @@ def test_input_gradients_with_a_frozen_prefix_run_it_once_and_agree(name, fused)
 
     emb, grad = handle.input_gradients(ids, mask, objective, embedding_offset=offset, read=read, frozen=4)
     emb_ref, grad_ref = handle.input_gradients(ids, mask, objective, embedding_offset=offset, read=read)
-    torch.testing.assert_close(emb, emb_ref)
-    torch.testing.assert_close(seen[0], seen[1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(emb, emb_ref)  # the same lookup by construction
+    n = lm_length(model.config, ids.shape[1])
+    assert_close_fp(seen[0], seen[1], length=n)
     assert (grad[:, :4] == 0).all() and grad[:, 4:].abs().max() > 0
-    torch.testing.assert_close(grad[:, 4:], grad_ref[:, 4:], atol=1e-6, rtol=1e-4)
+    assert_close_fp(grad[:, 4:], grad_ref[:, 4:], length=_input_grad_length(model, ids, mask))
     bad_offset = offset.clone()
     bad_offset[0, 1] = 1.0
     for kwargs, message in (({"frozen": 12}, "frozen must be in"), ({"frozen": 7}, "must be real tokens"),
@@ -184,6 +197,6 @@ def test_input_gradients_with_a_frozen_prefix_run_it_once_and_agree(name, fused)
         assert sum(fed) == 2 * 4 + 5 * 7, fed
     finally:
         hook.remove()
-    torch.testing.assert_close(shared, handle.read_logits(ids, mask, read), atol=1e-5, rtol=1e-5)
+    assert_close_fp(shared, handle.read_logits(ids, mask, read), length=n)
     with pytest.raises(ValueError, match="nothing may be read"):
         handle.read_logits(ids, mask, read, frozen=6)

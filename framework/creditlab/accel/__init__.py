@@ -22,6 +22,10 @@ the W&B run's config.
 
 from __future__ import annotations
 
+import getpass
+import os
+import re
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -103,7 +107,18 @@ def choose(mode: str, model: Any) -> Choice:
 def compile_model(model: Any, mode: str) -> Any:
     """``model`` with its forward compiled (``torch.compile(model.forward, dynamic=True)``) when
     ``mode`` is ``compile``, else ``model`` unchanged. The parameters and their names are the
-    model's own (checkpoints and weight syncs are unaffected); only the call is compiled."""
+    model's own (checkpoints and weight syncs are unaffected); only the call is compiled.
+
+    Inductor's cache goes to a folder of this process's CPU kernels,
+    ``<tmp>/torchinductor_<user>_<capability>``, unless ``TORCHINDUCTOR_CACHE_DIR`` names another
+    than torch's default: torch 2.13 reuses code generated under one ``ATEN_CPU_CAPABILITY`` under
+    another, and a kernel cached with AVX2 then fails to build with the baseline's headers
+    (``'at::vec' has not been declared``; seen here)."""
     if mode == "compile":
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+        default = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+        if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == os.path.abspath(default):
+            capability = torch.backends.cpu.get_cpu_capability().lower()
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{capability}"  # torch sets the default at import
         model.forward = torch.compile(model.forward, dynamic=True)
     return model
