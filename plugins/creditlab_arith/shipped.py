@@ -43,22 +43,31 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def manifest() -> dict[str, Any]:
-    """``{cache key: entry}`` of the shipped warm starts (empty when none ship)."""
-    return json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {}
+def manifest(root: Path | None = None) -> dict[str, Any]:
+    """``{cache key: entry}`` of the warm starts shipped in ``root`` (default: this plug-in's;
+    empty when none ship)."""
+    path = MANIFEST if root is None else root / MANIFEST.name
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def load(key: str, announce: bool = True) -> Path | None:
+def load(key: str, announce: bool = True, root: Path | None = None, weights: str = "model.safetensors") -> Path | None:
     """The shipped folder for recipe cache key ``key`` (e.g. ``arith_tiny-723602926adc``), every
     file checked against its sha256, or ``None`` when no such warm start ships.
+
+    Args:
+        key: The recipe's cache key.
+        announce: Print the verified weights' hash.
+        root: The folder of shipped warm starts and their manifest (default: this plug-in's;
+            another plug-in passes its own).
+        weights: The file whose hash is announced.
 
     Raises:
         InputError: A shipped file is missing or its bytes differ from the manifest's hash.
     """
-    entry = manifest().get(key)
+    entry = manifest(root).get(key)
     if entry is None:
         return None
-    folder = ROOT / key
+    folder = (ROOT if root is None else root) / key
     for name, want in entry["files"].items():
         path = folder / name
         got = sha256(path) if path.is_file() else "missing"
@@ -70,27 +79,30 @@ def load(key: str, announce: bool = True) -> Path | None:
             )
     if announce:
         print(f"[{key.split('-')[0]}] shipped warm start '{entry['name']}' ({key}), built on {entry['built_on']}: "
-              f"model.safetensors sha256 {entry['files']['model.safetensors']} verified")
+              f"{weights} sha256 {entry['files'][weights]} verified")
     return folder
 
 
-def add(checkpoint: Path, name: str) -> str:
-    """Copy a finished recipe checkpoint into the shipped set and record its hashes; returns its key."""
+def add(checkpoint: Path, name: str, root: Path | None = None, files: tuple[str, ...] = FILES,
+        key: str | None = None) -> str:
+    """Copy a finished recipe checkpoint (``files`` of it) into the shipped set in ``root`` and
+    record their hashes; returns its key (default: the checkpoint folder's name)."""
     if not (checkpoint / "creditlab_recipe.json").is_file():
         raise SystemExit(f"{checkpoint} is not a finished recipe checkpoint (no creditlab_recipe.json)")
-    key = checkpoint.name
-    target = ROOT / key
+    key = checkpoint.name if key is None else key
+    root = ROOT if root is None else root
+    target = root / key
     target.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for f in FILES:
+    hashes = {}
+    for f in files:
         if (checkpoint / f).is_file():
             shutil.copyfile(checkpoint / f, target / f)
-            files[f] = sha256(target / f)
-    entries = manifest()
-    entries[key] = {"name": name, "files": files, "torch": torch.__version__,
+            hashes[f] = sha256(target / f)
+    entries = manifest(root)
+    entries[key] = {"name": name, "files": hashes, "torch": torch.__version__,
                     "built_on": f"{_cpu_name()}, {platform.machine()}, torch kernels "
                                 f"{torch.backends.cpu.get_cpu_capability()}"}
-    MANIFEST.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    (root / MANIFEST.name).write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
     return key
 
 

@@ -125,8 +125,15 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     builder = _builder(path)
     if os.path.getsize(path) == 0:
         raise TaskDataError(f"no rows in {path}")
-    from datasets import load_dataset
+    import logging
 
+    from datasets import load_dataset
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    quiet, bar = logging.getLogger("datasets"), is_progress_bar_enabled()
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # its error log of a bad row (and its bar) would precede ours
+    disable_progress_bar()
     try:
         dataset = load_dataset(builder, data_files=path, split="train")
     except Exception as exc:  # datasets' own messages do not name the row
@@ -135,6 +142,10 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         raise TaskDataError(
             f"cannot read {path} with datasets ('{builder}'): {type(exc).__name__}: {exc}"
         ) from exc
+    finally:
+        quiet.setLevel(level)
+        if bar:
+            enable_progress_bar()
     if len(dataset) == 0:
         raise TaskDataError(f"no rows in {path}")
     return dataset.to_list()

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, LlamaConfig
 
-from creditlab_smollm2 import convert, sft
+from creditlab_smollm2 import convert, sft, word_problems
 
 #: SmolLM2-135M-Instruct (hub: HuggingFaceTB/SmolLM2-135M-Instruct) as the GGUF conversion builds it:
 #: 134.5M parameters, 64-wide heads, tied embeddings. ``rms_norm_eps`` is 1e-5 as the GGUF file
@@ -59,6 +59,16 @@ def smollm2_sft_shape(args: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
         ValueError: An unknown or invalid recipe argument (as the recipe itself).
     """
     return smollm2_shape(sft.resolve_args(args)["base"])
+
+
+def smollm2_word_problems_shape(args: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
+    """``(config, tokenizer or None)`` of ``word_problems.build(args)``: its base's (a merged LoRA
+    adapter keeps both).
+
+    Raises:
+        ValueError: An unknown or invalid recipe argument (as the recipe itself).
+    """
+    return smollm2_shape(word_problems.resolve_args(args)["base"])
 
 
 def _tokenizer(resolved: Mapping[str, Any]) -> Any:

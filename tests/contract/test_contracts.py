@@ -85,7 +85,7 @@ def test_contract(kind, name, monkeypatch):
     elif kind == "task":
         options = TASK_OPTIONS.get(name, {})
         part = cls(cls.Config(**options))
-        check_part(kind, part, splits=("train", "test") if name == "arith" else ("test",))
+        check_part(kind, part, splits=("train", "test") if name in ("arith", "word_problems") else ("test",))
     elif kind == "reset_selector":
         batch, ctx = _reset_inputs()
         check_part(kind, cls(), batch=batch, ctx=ctx)

@@ -16,7 +16,8 @@ CORE = ROOT / "framework" / "creditlab"
 #: config mistake must answer in seconds; creditlab/cli/__init__.py says so).
 LATE_IMPORTS = {
     "vllm", "peft", "deepspeed", "safetensors", "trl",  # optional extras
-    "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",  # the CLI's subcommands
+    "creditlab.run.hydra_main", "creditlab.analysis.compare", "creditlab.analysis.report", "creditlab.creditbench",
+    "creditlab.run.evaluate",  # the CLI's subcommands
 }
 
 

@@ -1,0 +1,202 @@
+"""Reading the computations a model writes in one thought of a word-problem solution.
+
+A *computation* is arithmetic, ``=``, then a number: ``48/2 = 24``, ``$0.2 x 50 = $10``, a chain
+``12 * 2 = 24 - 4 = 20`` (one per ``=``), ``1/2 * 1/2 = 1/4`` (a fraction stated). Solutions write
+units among the numbers (``60 students x 2/3 = 40 students``, ``72 cubic ft * 3/4 = 54``,
+``$6/day``), so up to four words between numbers and operators are read as units and left out,
+and a computation is *right* when some reading of its left side, the whole or a tail of it, is
+the stated number: ``40 students x $6/day = $240`` reads ``40 x 6``. Only when no reading gives
+the stated number is it *wrong*. Algebra (``100 = 5A``, ``2/3 * x = 12``) and lone numbers are
+not computations. Money signs and thousands separators are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from creditlab_wordproblems.arithmetic import NUM, evaluate, matches, to_number
+
+#: Tokens with their positions: clock times (``6:00``, not arithmetic), mixed numbers (``1 1/2``),
+#: numbers, words, operators, ``=``, any other character.
+_TOKEN = re.compile(rf"(?P<other>\d{{1,2}}:\d\d)|(?P<mixed>\d+ \d+/\d+)(?![\d/])|(?P<num>{NUM})|(?P<word>[A-Za-z]+(?:['’-][A-Za-z]+)*)|(?P<op>[-–−+*/×÷()])"
+                    rf"|(?P<eq>=)|(?P<rest>\S)")
+#: Words read as units when they sit between numbers and operators (at most this many in a row).
+_MAX_UNIT_WORDS = 4
+
+
+@dataclass(frozen=True)
+class Computation:
+    """One ``expression = number`` of a thought.
+
+    Attributes:
+        expr: The reading of the left side that was judged (units left out).
+        stated: The number written after ``=`` (a fraction ``a/b`` too).
+        value: ``stated`` as an exact number.
+        operands: The numbers of ``expr``.
+        right: Some reading of the left side gives ``stated`` (to its decimals).
+        inner: The values of the operations inside ``expr`` and the parts of a stated fraction
+            (``8 * 2 + 4 * 5 = 16 + 20 = 36`` may go on with 16 and 20).
+    """
+
+    expr: str
+    stated: str
+    value: Fraction
+    operands: tuple[Fraction, ...]
+    right: bool
+    inner: frozenset[Fraction] = frozenset()
+
+
+def _tokens(text: str) -> list[tuple[str, str, int, int]]:
+    """``(kind, text, start, end)``; ``x`` between a number (or ``)``/a unit) and a number or
+    ``(`` is multiplication, otherwise a word."""
+    raw = []
+    for m in _TOKEN.finditer(text):
+        if m.group(0) == "(" and raw and raw[-1][0] == "num" and raw[-1][3] == m.start():
+            raw.append(("op", "*", m.start(), m.start()))  # 2(50+100) is 2 * (50+100)
+        if m.lastgroup == "mixed":  # 1 1/2 -> ( 1 + 1 / 2 ), one number
+            whole, fraction = m.group(0).split(" ")
+            top, bottom = fraction.split("/")
+            raw += [("op", "(", m.start(), m.start()), ("num", whole, m.start(), m.start()),
+                    ("op", "+", m.start(), m.start()), ("num", top, m.start(), m.start()),
+                    ("op", "/", m.start(), m.start()), ("num", bottom, m.start(), m.end()),
+                    ("op", ")", m.end(), m.end())]
+        else:
+            raw.append((m.lastgroup, m.group(0), m.start(), m.end()))
+    out = []
+    for i, (kind, tok, start, end) in enumerate(raw):
+        if kind == "word" and tok in ("x", "X"):
+            after = raw[i + 1] if i + 1 < len(raw) else None
+            before = out[-1] if out else None
+            if after and after[0] in ("num",) or (after and after[1] == "("):
+                if before and (before[0] in ("num", "word") or before[1] == ")"):
+                    kind = "op"
+        out.append((kind, tok, start, end))
+    return out
+
+
+def _stated(tokens, i: int, text: str) -> tuple[str, Fraction, int] | None:
+    """The number after the ``=`` at ``tokens[i]``: ``(text, value, index of its last token)``;
+    ``None`` for algebra (``5A``, a letter glued to the number) or no number."""
+    if i + 1 >= len(tokens) or tokens[i + 1][0] != "num":
+        return None
+    _, tok, _, end = tokens[i + 1]
+    glued = re.match(r"[A-Za-z]+", text[end:])
+    if glued and len(glued.group(0)) == 1 and glued.group(0) not in "gmsh":
+        return None  # algebra: 5A, 2p, 3x (a glued unit, 60g, 5m, is a value)
+    value, last = to_number(tok), i + 1
+    if (i + 3 < len(tokens) and tokens[i + 2][1] == "/" and tokens[i + 3][0] == "num"
+            and tokens[i + 2][2] == end and tokens[i + 3][2] == tokens[i + 2][3]):
+        denominator = to_number(tokens[i + 3][1])
+        if denominator:
+            return f"{tok}/{tokens[i + 3][1]}", value / denominator, i + 3
+    return tok, value, last
+
+
+def _chained(tokens, i: int) -> tuple[str, Fraction] | None:
+    """The right side of the ``=`` at ``tokens[i]`` when it is itself arithmetic that another
+    ``=`` follows (``... = 46 - 4 = 42``, ``... = $80+$10 = $90``): ``(expression, value)``. The
+    left side is right when it equals either the whole right side or the right side's first number
+    (the running value of a chain written ``12 * 2 = 24 - 4 = 20``)."""
+    items, j, words = [], i + 1, 0
+    while j < len(tokens) and tokens[j][0] != "eq":
+        kind, tok = tokens[j][0], tokens[j][1]
+        if kind in ("num", "op"):
+            items.append((kind, tok))
+            words = 0
+        elif kind == "word" and words < _MAX_UNIT_WORDS and items:
+            words += 1
+        else:
+            return None
+        j += 1
+    nums = sum(k == "num" for k, _ in items)
+    if j >= len(tokens) or nums < 2 or not any(k == "op" and t not in "()" for k, t in items):
+        return None
+    expr = " ".join(t for _, t in items)
+    try:
+        return expr, evaluate(expr)
+    except ValueError:
+        return None
+
+
+def _left(tokens, i: int) -> list[tuple[str, str]]:
+    """The numbers and operators before the ``=`` at ``tokens[i]``, units left out, as
+    ``(kind, text)``."""
+    items: list[tuple[str, str]] = []
+    j, words = i - 1, 0
+    while j >= 0:
+        kind, tok = tokens[j][0], tokens[j][1]
+        if kind in ("num", "op"):
+            items.append((kind, tok))
+            words = 0
+        elif kind == "word" and len(tok) == 1 and tok not in "gmshL":
+            return []  # a variable (p, n, x, A): algebra, not a computation
+        elif kind == "word" and words < _MAX_UNIT_WORDS and j > 0 and tokens[j - 1][0] in ("num", "op", "word"):
+            words += 1  # a unit: left out; "/day" (per day) with its slash
+            if tokens[j - 1][1] == "/" and j > 1 and tokens[j - 2][0] in ("num", "word"):
+                j -= 1
+        else:
+            break
+        j -= 1
+    items.reverse()
+    return items
+
+
+def _readings(items: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The whole left side and its tails, each trimmed of operators it cannot start or end with,
+    longest first; only those with a number on each side of an operator."""
+    out = []
+    for start in range(len(items)):
+        part = items[start:]
+        while part and part[0][0] == "op" and part[0][1] != "(":
+            part = part[1:]
+        while part and part[-1][0] == "op" and part[-1][1] != ")":
+            part = part[:-1]
+        nums = sum(k == "num" for k, _ in part)
+        if nums >= 2 and any(k == "op" and t not in "()" for k, t in part) and part not in out:
+            out.append(part)
+    return out
+
+
+def computations(thought: str) -> list[Computation]:
+    """The computations of one thought, in order (chains give one per ``=``)."""
+    text = thought.replace("$", " ").replace("€", " ").replace("£", " ")
+    tokens = _tokens(text)
+    found = []
+    for i, (kind, *_rest) in enumerate(tokens):
+        if kind != "eq":
+            continue
+        chained = _chained(tokens, i)
+        stated = _stated(tokens, i, text) if chained is None else chained
+        if stated is None:
+            continue
+        readings = _readings(_left(tokens, i))
+        valid = []
+        for part in readings:
+            expr = " ".join(t for _, t in part)
+            try:
+                valid.append((expr, evaluate(expr), part))
+            except ValueError:
+                continue
+        if not valid:
+            continue
+        if chained:  # equal to the whole right side, or to its first number: "12 * 2 = 24 - 4 = 20"
+            first = to_number(stated[0].split()[0].strip("()")) if stated[0].split()[0].strip("()") else None
+            agree = lambda v: v in (stated[1], first)  # noqa: E731
+        else:
+            agree = lambda v: matches(v, stated[0], stated[1])  # noqa: E731
+        hit = next(((e, p) for e, v, p in valid if agree(v)), None)
+        expr, part = hit if hit else (valid[0][0], valid[0][2])
+        operands = tuple(to_number(t) for k, t in part if k == "num")
+        ops: list[tuple[str, Fraction]] = []
+        evaluate(expr, ops)
+        inner = {v for _, v in ops[:-1]}
+        if chained:
+            right: list[tuple[str, Fraction]] = []
+            evaluate(stated[0], right)
+            inner |= {v for _, v in right} | {to_number(t) for t in stated[0].split() if to_number(t) is not None}
+        else:
+            inner |= {to_number(t) for t in stated[0].split("/")}
+        found.append(Computation(expr, stated[0], stated[1], operands, hit is not None, frozenset(inner)))
+    return found
