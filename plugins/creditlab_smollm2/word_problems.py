@@ -170,7 +170,7 @@ def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
         def validate() -> float:
             return greedy_accuracy(model, tokenizer, held, args["max_new_tokens"], encode)
 
-        schedule = {**args, "steps": steps, "stop_at_pass1": None}
+        schedule = {**args, "steps": steps, "stop_at_pass1": None, "validate_every": steps}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["precision"] == "bf16-mixed"):
             info = warm_start(model, data, tokenizer.pad_token_id, schedule, None, name="smollm2_135m_word_problems")
         info["validation_greedy_accuracy"] = validate()
