@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import re
-from decimal import Decimal
 from fractions import Fraction
 
 #: A number as solutions write it: ``1,234.5`` (thousands in groups of three), ``12``, ``.25``.
@@ -16,21 +15,28 @@ _SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _MAX_CHARS = 400
 
 
+#: Longest number read (a hostile completion's 10,000-digit "number" is not one).
+MAX_DIGITS = 60
+
+
 def to_number(text: str) -> Fraction | None:
-    """``"1,234.50"`` -> ``Fraction(2469, 2)``; ``None`` when ``text`` is not a plain number."""
+    """``"1,234.50"`` -> ``Fraction(2469, 2)``; ``None`` when ``text`` is not a plain number or
+    has more than :data:`MAX_DIGITS` characters."""
     text = text.replace(",", "").strip()
-    if not re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+)", text):
+    if len(text) > MAX_DIGITS or not re.fullmatch(r"-?(\d+(\.\d*)?|\.\d+)", text):
         return None
     return Fraction(text)
 
 
 def fmt(x: Fraction) -> str:
-    """``72``; ``0.125`` for a decimal fraction (exactly); ``1/3`` for any other."""
+    """``72``; ``0.125`` for a decimal fraction (exactly, in integers); ``1/3`` for any other."""
     if x.denominator == 1:
         return str(x.numerator)
-    if 10**30 % x.denominator == 0:  # a decimal fraction: its exact digits
-        return format(Decimal(x.numerator) / Decimal(x.denominator), "f")
-    return f"{x.numerator}/{x.denominator}"
+    places = next((k for k in range(1, 61) if 10**k % x.denominator == 0), None)
+    if places is None:
+        return f"{x.numerator}/{x.denominator}"
+    digits = str(abs(x.numerator) * (10**places // x.denominator)).rjust(places + 1, "0")
+    return f"{'-' if x < 0 else ''}{digits[:-places]}.{digits[-places:]}".rstrip("0")
 
 
 def _value(node: ast.AST, ops: list[tuple[str, Fraction]] | None) -> Fraction:
@@ -73,7 +79,7 @@ def evaluate(expr: str, ops: list[tuple[str, Fraction]] | None = None) -> Fracti
     if len(expr) > _MAX_CHARS:
         raise ValueError(f"expression longer than {_MAX_CHARS} characters")
     text = expr.replace(",", "").replace("$", "").replace("×", "*").replace("÷", "/")
-    text = text.replace("–", "-").replace("−", "-")
+    text = text.replace("–", "-").replace("−", "-")  # a number with leading zeros (0900) stays unread
     text = re.sub(r"(?<=[\d)\s])[xX](?=[\s\d(.])", "*", text)
     try:
         tree = ast.parse(text.strip(), mode="eval")

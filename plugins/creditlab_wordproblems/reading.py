@@ -24,6 +24,8 @@ _TOKEN = re.compile(rf"(?P<other>\d{{1,2}}:\d\d)|(?P<mixed>\d+ \d+/\d+)(?![\d/])
                     rf"|(?P<eq>=)|(?P<rest>\S)")
 #: Words read as units when they sit between numbers and operators (at most this many in a row).
 _MAX_UNIT_WORDS = 4
+#: Most numbers and operators read before one ``=`` (longer runs are not solution arithmetic).
+_MAX_ITEMS = 120
 
 
 @dataclass(frozen=True)
@@ -69,29 +71,33 @@ def _tokens(text: str) -> list[tuple[str, str, int, int]]:
         if kind == "word" and tok in ("x", "X"):
             after = raw[i + 1] if i + 1 < len(raw) else None
             before = out[-1] if out else None
-            if after and after[0] in ("num",) or (after and after[1] == "("):
-                if before and (before[0] in ("num", "word") or before[1] == ")"):
-                    kind = "op"
+            opens = after is not None and (after[0] == "num" or after[1] == "(")
+            closes = before is not None and (before[0] in ("num", "word") or before[1] == ")")
+            if opens and closes:
+                kind = "op"
         out.append((kind, tok, start, end))
     return out
 
 
-def _stated(tokens, i: int, text: str) -> tuple[str, Fraction, int] | None:
-    """The number after the ``=`` at ``tokens[i]``: ``(text, value, index of its last token)``;
-    ``None`` for algebra (``5A``, a letter glued to the number) or no number."""
+def _stated(tokens, i: int, text: str) -> tuple[str, Fraction] | None:
+    """The number after the ``=`` at ``tokens[i]`` (a glued fraction ``1/4`` too) as ``(text,
+    value)``; ``None`` for algebra (``5A``: one letter glued to it), no number, or a number too
+    long to be one."""
     if i + 1 >= len(tokens) or tokens[i + 1][0] != "num":
         return None
     _, tok, _, end = tokens[i + 1]
     glued = re.match(r"[A-Za-z]+", text[end:])
     if glued and len(glued.group(0)) == 1 and glued.group(0) not in "gmsh":
         return None  # algebra: 5A, 2p, 3x (a glued unit, 60g, 5m, is a value)
-    value, last = to_number(tok), i + 1
+    value = to_number(tok)
+    if value is None:
+        return None
     if (i + 3 < len(tokens) and tokens[i + 2][1] == "/" and tokens[i + 3][0] == "num"
             and tokens[i + 2][2] == end and tokens[i + 3][2] == tokens[i + 2][3]):
         denominator = to_number(tokens[i + 3][1])
         if denominator:
-            return f"{tok}/{tokens[i + 3][1]}", value / denominator, i + 3
-    return tok, value, last
+            return f"{tok}/{tokens[i + 3][1]}", value / denominator
+    return tok, value
 
 
 def _chained(tokens, i: int) -> tuple[str, Fraction] | None:
@@ -120,18 +126,32 @@ def _chained(tokens, i: int) -> tuple[str, Fraction] | None:
         return None
 
 
+def _variable(tokens, j: int) -> bool:
+    """``tokens[j]`` is one letter used as a variable: after a number or a closing parenthesis
+    (``5A``, ``(3/2)x``, ``1 3/4 t``), beside an operator (``x + 600``, ``* p``) or just before the
+    ``=`` (``b = (1/3)*180``); an article or a pronoun (``a``, ``I``) before the arithmetic is not."""
+    _, tok, start, end = tokens[j]
+    if len(tok) != 1 or tok in "gmshL":  # grams, metres, seconds, hours, litres: units
+        return False
+    before = tokens[j - 1] if j > 0 else None
+    after = tokens[j + 1] if j + 1 < len(tokens) else None
+    follows = before is not None and (before[0] == "num" or before[1] == ")")
+    beside = any(t is not None and t[0] == "op" and t[1] not in "()" for t in (before, after))
+    return follows or beside or (after is not None and after[0] == "eq")
+
+
 def _left(tokens, i: int) -> list[tuple[str, str]]:
     """The numbers and operators before the ``=`` at ``tokens[i]``, units left out, as
-    ``(kind, text)``."""
+    ``(kind, text)`` (at most :data:`_MAX_ITEMS`, the nearest); empty for algebra."""
     items: list[tuple[str, str]] = []
     j, words = i - 1, 0
-    while j >= 0:
+    while j >= 0 and len(items) < _MAX_ITEMS:
         kind, tok = tokens[j][0], tokens[j][1]
         if kind in ("num", "op"):
             items.append((kind, tok))
             words = 0
-        elif kind == "word" and len(tok) == 1 and tok not in "gmshL":
-            return []  # a variable (p, n, x, A): algebra, not a computation
+        elif kind == "word" and _variable(tokens, j):
+            return []  # algebra, not a computation
         elif kind == "word" and words < _MAX_UNIT_WORDS and j > 0 and tokens[j - 1][0] in ("num", "op", "word"):
             words += 1  # a unit: left out; "/day" (per day) with its slash
             if tokens[j - 1][1] == "/" and j > 1 and tokens[j - 2][0] in ("num", "word"):
@@ -159,6 +179,23 @@ def _readings(items: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     return out
 
 
+def _agrees(value: Fraction, stated: tuple[str, Fraction], chained: bool) -> bool:
+    """A left side's ``value`` is what the right side states: to its decimals; for a chain, the
+    whole right side or its first number (the running value: ``12 * 2 = 24 - 4 = 20``)."""
+    text, right = stated
+    if not chained:
+        return matches(value, text, right)
+    return value == right or value == to_number(text.split()[0].strip("()") or "x")
+
+
+def _parts(expr: str) -> set[Fraction]:
+    """The values of the operations inside ``expr`` (its last one aside) and its numbers."""
+    ops: list[tuple[str, Fraction]] = []
+    evaluate(expr, ops)
+    numbers = {to_number(t) for t in re.split(r"[\s()+*/-]+", expr) if t}
+    return {v for _, v in ops[:-1]} | {n for n in numbers if n is not None}
+
+
 def computations(thought: str) -> list[Computation]:
     """The computations of one thought, in order (chains give one per ``=``)."""
     text = thought.replace("$", " ").replace("€", " ").replace("£", " ")
@@ -168,12 +205,11 @@ def computations(thought: str) -> list[Computation]:
         if kind != "eq":
             continue
         chained = _chained(tokens, i)
-        stated = _stated(tokens, i, text) if chained is None else chained
+        stated = chained if chained is not None else _stated(tokens, i, text)
         if stated is None:
             continue
-        readings = _readings(_left(tokens, i))
-        valid = []
-        for part in readings:
+        valid = []  # (expression, value, its (kind, text) items), longest reading first
+        for part in _readings(_left(tokens, i)):
             expr = " ".join(t for _, t in part)
             try:
                 valid.append((expr, evaluate(expr), part))
@@ -181,22 +217,11 @@ def computations(thought: str) -> list[Computation]:
                 continue
         if not valid:
             continue
-        if chained:  # equal to the whole right side, or to its first number: "12 * 2 = 24 - 4 = 20"
-            first = to_number(stated[0].split()[0].strip("()")) if stated[0].split()[0].strip("()") else None
-            agree = lambda v: v in (stated[1], first)  # noqa: E731
-        else:
-            agree = lambda v: matches(v, stated[0], stated[1])  # noqa: E731
-        hit = next(((e, p) for e, v, p in valid if agree(v)), None)
-        expr, part = hit if hit else (valid[0][0], valid[0][2])
+        hit = next((v for v in valid if _agrees(v[1], stated, chained is not None)), None)
+        expr, _, part = hit or valid[0]
         operands = tuple(to_number(t) for k, t in part if k == "num")
-        ops: list[tuple[str, Fraction]] = []
-        evaluate(expr, ops)
-        inner = {v for _, v in ops[:-1]}
-        if chained:
-            right: list[tuple[str, Fraction]] = []
-            evaluate(stated[0], right)
-            inner |= {v for _, v in right} | {to_number(t) for t in stated[0].split() if to_number(t) is not None}
-        else:
+        inner = _parts(expr) | (_parts(stated[0]) if chained else set())
+        if not chained and "/" in stated[0]:  # a stated fraction's numerator and denominator
             inner |= {to_number(t) for t in stated[0].split("/")}
         found.append(Computation(expr, stated[0], stated[1], operands, hit is not None, frozenset(inner)))
     return found

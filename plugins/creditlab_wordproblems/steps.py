@@ -19,12 +19,13 @@ number) is never wrong on its own.
    (digits, fractions, number words, ``half``/``twice``/``dozen``, a percentage also as the
    fraction, one minus it and one plus it), a number the gold steps use or produce, ``0``, ``1``
    or ``100``, or a value (or a part of one) that a right earlier computation produced.
-3. *Off the path.* A thought whose last computation's value is neither a gold value nor the
-   answer, unless a later correct computation uses that value and lands on a gold value or the
+3. *Off the path.* A thought with a computation whose value is neither a gold value nor the
+   answer, unless a later right computation builds on that value and lands on a gold value or the
    answer (another order of the same solution: ``4 + 5 = 9`` then ``9 + 3 = 12`` where the gold
    steps are ``3 + 4 = 7``, ``7 + 5 = 12``).
-4. *The answer.* When no thought is wrong by 1-3 but the final answer (after ``####``, else the
-   last number written) is not the gold answer, the thought that states it is wrong (the last
+4. *The answer.* When no thought is wrong by 1-3 but the final answer (read as the ``gsm8k``
+   verifier reads it: after ``####``, else the last ``\\boxed{}``, else the last number) is not
+   the gold answer, the thought that states it is wrong (the last
    thought when the solution states none).
 
 The oracle returns the first wrong thought's index, ``None`` when none is wrong. This is a
@@ -39,6 +40,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+
+from creditlab_math.extract import after_last_hashes, first_number, last_boxed, last_number
+from creditlab_math.extract import to_number as read_number
 
 from creditlab_wordproblems.arithmetic import NUM, evaluate, fmt, matches, to_number
 from creditlab_wordproblems.reading import computations
@@ -154,12 +158,16 @@ class Verdict:
 
 
 def final_answer(text: str) -> Fraction | None:
-    """The number after the last ``####``, else the last number written; ``None`` without one."""
-    if "####" in text:
-        numbers = _NUMBER.findall(text.rsplit("####", 1)[1].replace("$", ""))
-        return to_number(numbers[0]) if numbers else None
-    numbers = _NUMBER.findall(text.replace("$", ""))
-    return to_number(numbers[-1].lstrip("-")) if numbers else None
+    """The answer as the ``gsm8k`` verifier reads it: the number after the last ``####``, else in
+    the last ``\\boxed{}``, else the last number written; ``None`` without one."""
+    after = after_last_hashes(text)
+    if after is not None and (found := first_number(after)) is not None:
+        return found
+    boxed = last_boxed(text)
+    if boxed is not None and (found := first_number(boxed)) is not None:
+        return found
+    last = last_number(text)
+    return None if last is None else read_number(last)
 
 
 def judge(question: str, gold: Sequence[GoldStep], answer: Fraction,

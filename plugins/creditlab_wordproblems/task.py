@@ -3,7 +3,7 @@ oracle (``data/README.md`` says where they come from, their licences and what wa
 
 Splits (``load(split)``):
 
-- ``train``: GSM8K's train problems with 1-3 gold steps (4,621 after deduplication);
+- ``train``: GSM8K's train problems with 1-3 gold steps (4,609 after deduplication);
 - ``test``: the held-out set named by ``test_set``: ``gsm8k_test`` (GSM8K's test problems, the same
   filter) or ``svamp`` (SVAMP, another source and other phrasings; never trained on);
 - ``gsm8k_test`` and ``svamp`` by name, whatever ``test_set`` is.
@@ -103,7 +103,10 @@ class WordProblemsTask(GSM8KTask):
                 f"{where}: the answer after '####' must be a number (e.g. '#### 72' or '#### 1,250.5'), "
                 f"got {final!r}; fix the row or drop it.")
         if row.get("steps"):
-            steps = tuple(GoldStep(expr, _exact(value, where)) for expr, value in row["steps"])
+            if not all(isinstance(s, (list, tuple)) and len(s) == 2 for s in row["steps"]):
+                raise TaskDataError(f"{where}: 'steps' must be a list of [expression, value] pairs, "
+                                    f"got {str(row['steps'])[:80]}; fix the row or leave 'steps' out")
+            steps = tuple(GoldStep(str(expr), _exact(str(value), where)) for expr, value in row["steps"])
         else:
             try:
                 steps = solution_steps(metadata["solution"])

@@ -188,6 +188,5 @@ def test_two_process_gradients_equal_the_single_process_gradient(ddp_records):
             seq = max(len(t.completion.prompt_ids) + len(t.completion.response_ids) for t in mini)
             tokens = sum(len(t.completion.prompt_ids) + len(t.completion.response_ids) for t in mini)
             n = lm_length(model.config, seq, backward=True, tokens=tokens)
-            for name, g in want.items():  # against the largest gradient of the model
-                assert_close_fp(got[name], g, length=n, scale=scale,
-                                msg=f"{agg}, micro {micro}, updates {updates}: {name}")
+            for name, g in want.items():  # each against its own tensor's scale
+                assert_close_fp(got[name], g, length=n, msg=f"{agg}, micro {micro}, updates {updates}: {name}")

@@ -119,7 +119,7 @@ def test_checkpointing_recomputes_and_gives_the_same_gradients(lora):
     batch = _rollout()
     config = tiny_model_and_tokenizer(seed=3)[0].config
     n = lm_length(config, batch.input_ids.shape[1], backward=True, tokens=int(batch.attention_mask.sum()))
-    n += 7 * 4 * lora  # LoRA's rank-4 sums in each adapted projection
+    n += config.num_hidden_layers * 7 * 4 * lora  # LoRA's rank-4 sums: 7 adapted projections a layer
     for name in want:
         assert_close_fp(got[name], want[name], length=n, msg=name)
     # The modes stay as loaded but for the decoder layers (their flag is what checkpointing reads;

@@ -60,7 +60,7 @@ def test_targets_and_trainable_parameters():
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     ids = torch.randint(5, 60, (2, 7))
     with torch.no_grad():  # B = 0 at the start: the adapted model is the base model
-        torch.testing.assert_close(fresh(ids).logits, tiny_model_and_tokenizer()[0](ids).logits)
+        assert torch.equal(fresh(ids).logits, tiny_model_and_tokenizer()[0](ids).logits)  # + B A x = + 0 exactly
 
 
 def test_fused_decoder_takes_the_peft_model():
@@ -90,7 +90,8 @@ def test_generation_logprobs_equal_the_training_forward():
     real = batch.response_mask.bool()
     lp = gather_logprobs(shared, batch.response_ids, 0.8)
     # the adapters add a reduction over the rank r to each adapted projection
-    n = lm_length(model.get_base_model().config, batch.input_ids.shape[1]) + 7 * model.peft_config["default"].r
+    config = model.get_base_model().config  # each layer's 7 adapted projections add a rank-r sum
+    n = lm_length(config, batch.input_ids.shape[1]) + config.num_hidden_layers * 7 * model.peft_config["default"].r
     assert_close_fp(lp[real], batch.gen_logprobs[real], length=n)
     assert_close_fp(shared[real], plain[real], length=n)
     # the handle reaches the PeftModel too: teacher-forced log-probs and input gradients
@@ -140,7 +141,7 @@ def test_merged_state_dict_has_base_names_and_reproduces_the_logits():
     ids = torch.randint(5, 60, (3, 9))
     with torch.no_grad():
         # W + B A rounded once against W x + B (A x): the merge adds the rank-r sum per layer
-        n = lm_length(base.config, ids.shape[1]) + 7 * model.peft_config["default"].r
+        n = lm_length(base.config, ids.shape[1]) + base.config.num_hidden_layers * 7 * model.peft_config["default"].r
         assert_close_fp(base(ids).logits, model(ids).logits, length=n)
         plain, _ = tiny_model_and_tokenizer(seed=0)
         assert (plain(ids).logits - model(ids).logits).abs().max() > 1e-3, "the adapters matter"

@@ -62,7 +62,7 @@ def test_a_padding_position_left_unmasked_is_far_outside_it():
         want, got = forward_logits(model, ids, mask), forward_logits(model, ids, leak)
     real = mask.bool()
     n = lm_length(model.config, ids.shape[1])
-    assert_close_fp(forward_logits(model, ids, mask).detach()[real], want[real], length=n)
+    assert torch.equal(forward_logits(model, ids, mask).detach()[real], want[real])  # the same run again
     diff = float((got[real] - want[real]).abs().max())
     assert diff > 1000 * tolerance(float(want[real].abs().max()), n)
 

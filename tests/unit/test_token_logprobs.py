@@ -44,10 +44,12 @@ def _run(model, batch, fused, temperature=0.7):
 
 
 def _lengths(model, batch):
-    """Rounded terms behind one log-prob or entropy, and behind one parameter's gradient."""
+    """Rounded terms behind one log-prob or entropy, and behind one parameter's gradient (a LoRA
+    model's adapted projections add their rank-r sums: 7 a layer)."""
     config = getattr(model, "get_base_model", lambda: model)().config
+    lora = 7 * config.num_hidden_layers * model.peft_config["default"].r if hasattr(model, "peft_config") else 0
     seq, tokens = batch.input_ids.shape[1], int(batch.attention_mask.sum())
-    return lm_length(config, seq), lm_length(config, seq, backward=True, tokens=tokens)
+    return lm_length(config, seq) + lora, lm_length(config, seq, backward=True, tokens=tokens) + 2 * lora
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -66,6 +66,22 @@ def test_reading_a_models_computations():
     # not computations: algebra, a lone number, a clock time
     assert _read("100 = 5A") == [] and _read("2/3 * x = 12") == [] and _read("4 * x + 600 = 10000") == []
     assert _read("She has 5 = five apples") == [] and _read("at 6:00+18 hours = 00:00") == []
+    # an article or a pronoun before the arithmetic is not a variable
+    assert _read("I have 3 + 4 = 8 apples") == [("3 + 4", "8", False)]
+    assert _read("She buys a 3 + 4 = 7 pack") == [("3 + 4", "7", True)]
+
+
+def test_hostile_text_is_read_quickly_and_never_crashes():
+    """Model output is adversarial: huge numbers, long runs, deep parentheses, long lines."""
+    import time
+
+    texts = ["9" * 5000 + " + 1 = 2", "1+" * 5000 + "1 = 5", "(" * 500 + "1" + ")" * 500 + " + 1 = 2",
+             "2 = " * 2000, "x" * 100_000, "1/" * 3000 + "1 = 1", "#### " + "9" * 10_000]
+    start = time.monotonic()
+    for text in texts:
+        computations(text)
+        judge(NATALIA, solution_steps(NATALIA_SOLUTION), Fraction(72), [text, text])
+    assert time.monotonic() - start < 10
 
 
 def test_gold_steps_from_annotations_and_equations():
@@ -111,7 +127,9 @@ def test_the_oracle_rule_by_hand():
     assert _verdicts(["First, read the problem.", "48/2 = 24", "48 + 24 = 72", "#### 72"]) == [ok] * 4
     assert first_wrong_step(NATALIA, solution_steps(NATALIA_SOLUTION), Fraction(72),
                             ["ok", "48/2 = 25", "#### 73"]) == 1
+    # the answer as the gsm8k verifier reads it: ####, then \\boxed{}, then the last number, signed
     assert final_answer("so 5\n#### 1,234") == 1234 and final_answer("the answer is 12.") == 12
+    assert final_answer("The answer is -72") == -72 and final_answer("it is \\boxed{7} ok, 9") == 7
 
 
 def test_the_shipped_data():
@@ -134,11 +152,12 @@ def test_the_shipped_data():
     exact = {normalise(q) for q in held}
     assert not [r for r in rows["train"] if normalise(r["question"]) in exact]
     assert max(index.overlap(r["question"]) for r in rows["train"][:600]) < NEAR  # a sample: speed
-    # every shipped GSM8K solution is read as right by the oracle, step by step
+    # every shipped GSM8K solution is read as right by the oracle, line by line (its gold steps
+    # include the solution's own computations: this checks the reading, not the solution)
     task = WordProblemsTask(WordProblemsTask.Config())
-    for p in task.load("train")[:200]:
-        thoughts = p.metadata["solution"].splitlines()
-        assert p.oracle(thoughts) is None, p.id
+    for split in ("train", "gsm8k_test"):
+        for p in task.load(split):
+            assert p.oracle(p.metadata["solution"].splitlines()) is None, p.id
 
 
 def test_deduplication_by_hand():

@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import OmegaConf
 from scipy import stats
 
+from creditlab.analysis.stats import t_quantile
 from creditlab.errors import InputError
 from creditlab.run.compose import CONF_DIR, compose
 from creditlab.run.config import build_parts, validate
@@ -73,20 +74,28 @@ class EvalRequest:
                              f"(answers end with '#### <number>', as GSM8K's)")
 
 
+class Answer(NamedTuple):
+    """One answer to a problem: its text, whether the verifier accepted it, the completion."""
+
+    text: str
+    correct: bool
+    completion: Any
+
+
 @dataclass(frozen=True)
 class Accuracy:
     """A mean over problems with its 95% interval."""
 
     mean: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     problems: int
     samples: int
 
     def line(self, what: str) -> str:
         per = f" x {self.samples} samples" if self.samples > 1 else ""
-        return (f"{what} accuracy: {self.mean:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"(95% interval, {self.problems} problems{per})")
+        span = "no interval" if self.low is None else f"[{self.low:.3f}, {self.high:.3f}]"
+        return f"{what} accuracy: {self.mean:.3f} {span} (95% interval, {self.problems} problems{per})"
 
 
 def wilson(correct: int, n: int) -> Accuracy:
@@ -96,13 +105,14 @@ def wilson(correct: int, n: int) -> Accuracy:
 
 
 def t_interval(per_problem: Sequence[float], samples: int) -> Accuracy:
-    """Sampled accuracy: the mean of per-problem accuracies with a t-interval over problems."""
+    """Sampled accuracy: the mean of per-problem accuracies with a 95% t-interval over problems
+    (clipped to [0, 1]; ``None`` bounds for a single problem)."""
     n = len(per_problem)
     mean = sum(per_problem) / n
     if n < 2:
-        return Accuracy(mean, float("nan"), float("nan"), n, samples)
+        return Accuracy(mean, None, None, n, samples)
     sd = math.sqrt(sum((x - mean) ** 2 for x in per_problem) / (n - 1))
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    half = t_quantile(n - 1) * sd / math.sqrt(n)
     return Accuracy(mean, max(0.0, mean - half), min(1.0, mean + half), n, samples)
 
 
@@ -177,18 +187,18 @@ def evaluate_model(overrides: Sequence[str], request: EvalRequest, out: Path,
     greedy = _answer(backend, verifier, tokenizer, problems, 1, rollout, 0.0, seed, request.batch_size)
     sampled = (_answer(backend, verifier, tokenizer, problems, request.samples, rollout, temperature, seed + 1,
                        request.batch_size) if request.samples else None)
-    wrong = [i for i, p in enumerate(problems) if p.oracle is not None and not greedy[i][0][1]]
-    first_wrong = dict(zip(wrong, first_wrong_steps([(problems[i], greedy[i][0][3]) for i in wrong],
+    wrong = [i for i, p in enumerate(problems) if p.oracle is not None and not greedy[i][0].correct]
+    first_wrong = dict(zip(wrong, first_wrong_steps([(problems[i], greedy[i][0].completion) for i in wrong],
                                                    tokenizer, parts["segmenter"])))
     records = []
     for i, p in enumerate(problems):
-        (text, ok, _, _), = greedy[i]
+        answer = greedy[i][0]
         row = {"id": p.id, "problem": p.metadata.get("problem", p.prompt), "answer": p.answer,
-               "greedy": {"text": text, "correct": ok}}
+               "greedy": {"text": answer.text, "correct": answer.correct}}
         if i in first_wrong:
             row["greedy"]["first_wrong_step"] = first_wrong[i]
         if sampled is not None:
-            row["samples"] = [{"text": t, "correct": c} for t, c, _, _ in sampled[i]]
+            row["samples"] = [{"text": a.text, "correct": a.correct} for a in sampled[i]]
         records.append(row)
     greedy_acc = wilson(sum(r["greedy"]["correct"] for r in records), len(records))
     summary: dict[str, Any] = {
@@ -217,16 +227,16 @@ def first_wrong_steps(answers: list[tuple[Problem, Any]], tokenizer: Any, segmen
 
 
 def _answer(backend: Any, verifier: Any, tokenizer: Any, problems: list[Problem], repeats: int, rollout: Any,
-            temperature: float, seed: int, batch_size: int) -> list[list[tuple[str, bool, Any, Any]]]:
-    """Per problem, ``repeats`` answers as ``(text, correct, prompt ids, completion)``."""
+            temperature: float, seed: int, batch_size: int) -> list[list[Answer]]:
+    """Per problem, ``repeats`` answers."""
     owners = [p for p in problems for _ in range(repeats)]
     requests = [GenerationRequest(encode_prompt(tokenizer, p.prompt, rollout.chat_template)) for p in owners]
     sampling = replace(rollout.sampling(seed), temperature=temperature, top_p=1.0, top_k=0)
-    flat: list[tuple[str, bool, Any, Any]] = []
+    flat: list[Answer] = []
     for s in range(0, len(requests), batch_size):
         completions = sample(backend, requests[s: s + batch_size], rollout, sampling)
         rewards = verifier.score(owners[s: s + batch_size], completions).values
-        flat += [(c.text, r > 0.5, c.prompt_ids, c) for c, r in zip(completions, rewards)]
+        flat += [Answer(c.text, r > 0.5, c) for c, r in zip(completions, rewards)]
     return [flat[i * repeats: (i + 1) * repeats] for i in range(len(problems))]
 
 

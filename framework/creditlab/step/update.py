@@ -67,6 +67,10 @@ class PolicyUpdate:
             self._add(sums, "train/grad_norm", grad_norm / n_mini)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            # Under bf16-mixed the whole training step is one autocast context, whose cached bf16
+            # copies of weights (peft's adapters) would outlive this step: the next mini-batch
+            # would run the old weights (tests/unit/test_module.py)
+            torch.clear_autocast_cache()
         out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
         out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
         # the share of the response positions computed that are padding (this rank's, averaged)
