@@ -129,7 +129,7 @@ TOO_LARGE = {("qwen2.5-7b-instruct", "cpu-24GiB"), ("qwen2.5-7b-instruct", "gpu-
 def test_every_preset_plans_to_fit_or_says_why_not(preset, no_hub):  # noqa: F811 - the fixture
     """model=<preset> with the default method, offline: auto sizes the update to fit each machine;
     where the model's state alone is too large, every phase that does not fit is named with it."""
-    assert len(PRESETS) == 9
+    assert len(PRESETS) == 10
     for machine, (trainer, gib) in MACHINES.items():
         cfg = compose([f"model={preset}", f"trainer={trainer}"])
         checked = validate(cfg)
