@@ -166,3 +166,19 @@ def test_the_word_problem_experiment_trains_on_the_task_its_warm_start_learned()
     assert (m.recipe, dict(m.recipe_args["task"])) == ("smollm2_135m_sft", {"render": "words"})
     assert cfg.task.render == "words" and cfg.rollout.max_new_tokens == m.recipe_args["max_new_tokens"] == 128
     assert m.recipe_args["localization"] == 0 and cfg.eval.problems == 500
+
+
+@pytest.mark.parametrize("method", ["grpo", "srpo"])
+def test_the_real_problem_experiment_trains_the_shipped_warm_start_on_real_problems(method):
+    """experiment=smollm2_word_problems_grpo (docs/real-problems.md): the word-problem warm start on
+    the word_problems task, its lines as thoughts, the gsm8k verifier, and the headline's sampled
+    accuracy on a fixed held-out subset; the method stays a free choice."""
+    cfg = compose(["experiment=smollm2_word_problems_grpo", f"method={method}"])
+    checked = validate(cfg)
+    m = checked["model"]
+    assert (m.name_or_path, m.recipe, dict(m.recipe_args)) == (None, "smollm2_135m_word_problems", {})
+    assert (cfg.task.name, cfg.task.test_set, cfg.segmenter.name, cfg.verifier.name) == (
+        "word_problems", "gsm8k_test", "newline", "gsm8k")
+    assert (cfg.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (8, 8, 192)
+    assert (cfg.eval.every, cfg.eval.problems, cfg.eval.samples, cfg.trainer.max_steps) == (10, 300, 4, 60)
+    assert cfg.method == method
