@@ -101,7 +101,7 @@ def build(args: Mapping[str, Any] | None = None) -> str:
             raise ValueError(
                 f"smollm2_135m_word_problems: no adapter ships for these arguments (cache key {final.name}; "
                 f"shipped: {sorted(shipped.manifest(SHIPPED))}). '+model.recipe_args={{shipped: false}}' builds "
-                f"it on this CPU (hours on 2 cores; a rebuild differs by CPU)")
+                f"it on this CPU (about 2 hours on 2 cores; a rebuild differs by CPU)")
         return build_cached(final, lambda tmp: _merge(base, adapter, tmp, {"adapter": "shipped", "key": final.name}))
 
     def train_and_merge(tmp: Path) -> dict[str, Any]:
@@ -189,10 +189,10 @@ def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["precision"] == "bf16-mixed",
                             cache_enabled=False):
             info = warm_start(model, data, tokenizer.pad_token_id, schedule, None, name="smollm2_135m_word_problems")
+        model.save_pretrained(out_dir)  # before the validation: hours of training survive a failure in it
         info["validation_greedy_accuracy"] = validate()
     finally:
         torch.set_num_threads(old_threads)
-    model.save_pretrained(out_dir)
     from creditlab_arith.shipped import sha256
     from creditlab_wordproblems.task import DATA
 
@@ -204,9 +204,12 @@ def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
 
 def greedy_accuracy(model: Any, tokenizer: Any, problems: list[Any], max_new_tokens: int, encode: Any,
                     batch_size: int = 32) -> float:
-    """Share of ``problems`` whose greedy answer the ``gsm8k`` verifier's check accepts."""
+    """Share of ``problems`` whose greedy answer the ``gsm8k`` verifier accepts (its default
+    options: the task's verifier), checked in this process."""
     import torch
-    from creditlab_math.extract import gsm8k_check
+    from creditlab_math.verifiers import GSM8KVerifier
+
+    verifier = GSM8KVerifier()
 
     training, side = model.training, tokenizer.padding_side
     model.eval()
@@ -220,7 +223,7 @@ def greedy_accuracy(model: Any, tokenizer: Any, problems: list[Any], max_new_tok
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
                 texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-                correct += sum(gsm8k_check(p.answer, t, {})["outcome"] == "correct" for p, t in zip(batch, texts))
+                correct += sum(verifier.check(p.answer, t)["outcome"] == "correct" for p, t in zip(batch, texts))
     finally:
         model.train(training)
         tokenizer.padding_side = side

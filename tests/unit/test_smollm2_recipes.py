@@ -115,3 +115,36 @@ def test_localization_arguments_are_checked():
         sft.resolve_args({"localization_template": "official"})
     with pytest.raises(ValueError, match="localization must be a share"):
         sft.resolve_args({"localization": -1})
+
+
+def test_the_word_problem_recipe_validates_with_the_task_verifier():
+    """The recipe's held-out check scores greedy answers as the ``gsm8k`` verifier does (its
+    default options): it once called the check without options and failed after two hours of
+    training (its adapter is now saved before the check)."""
+    from types import SimpleNamespace
+
+    import torch
+    from creditlab_smollm2.word_problems import greedy_accuracy
+
+    answers = ["4 + 2 = 6\n#### 6", "5 - 1 = 4\n#### 4", "so it is 7.0000001", "#### 1,000"]
+    problems = [SimpleNamespace(prompt=f"q{i}", answer=a) for i, a in enumerate(["#### 6", "#### 5", "#### 7", "#### 1000"])]
+
+    class Tokenizer:
+        padding_side, pad_token_id, eos_token_id = "right", 0, 0
+
+        def pad(self, batch, return_tensors):
+            assert self.padding_side == "left" and return_tensors == "pt"
+            return {"input_ids": torch.tensor(batch["input_ids"])}
+
+        def batch_decode(self, ids, skip_special_tokens):
+            return [answers[int(i)] for i in ids[:, 0]]
+
+    class Model(torch.nn.Module):
+        def generate(self, input_ids, max_new_tokens, do_sample, pad_token_id, eos_token_id):
+            assert not self.training and not do_sample and max_new_tokens == 16
+            return torch.cat([input_ids, input_ids], dim=1)  # the "answer" token is the problem's index
+
+    model, tok = Model().train(), Tokenizer()
+    got = greedy_accuracy(model, tok, problems, 16, lambda prompt: [int(prompt[1:])], batch_size=3)
+    assert got == 3 / 4  # 6 right, 4 != 5, 7.0000001 within 1e-6 of 7 relative, '1,000' is 1000
+    assert model.training and tok.padding_side == "right"  # both restored
