@@ -1,10 +1,11 @@
 """Coverage of the per-problem test over seeds x problems, by simulation: how often its 95%
 interval holds the true mean difference, for the test ``creditlab compare`` runs
-(:func:`creditlab.analysis.significance.crossed_test`, crossed random effects with Satterthwaite degrees of
-freedom) and for the crossed bootstrap it replaced (:func:`crossed_bootstrap`, kept here as it was).
+(:func:`creditlab.analysis.significance.crossed_test`, crossed random effects, ``S − 1`` degrees of
+freedom when a seed component is estimated) and for the crossed bootstrap it replaced (:func:`crossed_bootstrap`, kept here as it was).
 
     OMP_NUM_THREADS=1 python sweeps/crossed_coverage.py     # docs/comparing.md's table (~80 s on one core)
     python sweeps/crossed_coverage.py --reps 500 --bootstrap-reps 200
+    OMP_NUM_THREADS=1 python sweeps/crossed_coverage.py --null   # false positives at alpha / m, Holm over 6
 
 Each repetition draws a (seeds S, problems P) array of paired differences ``d[s, p]`` from one
 scenario, with fresh seeds and fresh problems every time (the interval's target is the mean over
@@ -16,6 +17,10 @@ and run-level skill offsets (:func:`draw`): the mean difference is 0 by symmetry
 is one minus the test's false-positive rate. Coverage has a simulation standard error of
 ``sqrt(0.95 · 0.05 / reps)``: 0.0034 at 4000 repetitions (the crossed t-test's), 0.0097 at 500 (the
 old bootstrap's, 1000 draws each: 3 ms a repetition against the t-test's 0.3 ms).
+
+``--null`` asks the other question Holm's correction needs answered (issue 55): with every arm the
+baseline's equal, how often does the test reject at 0.05, at 0.05/6 and at 0.001, and how often
+does Holm over 6 contrasts against one shared baseline reject any (the family-wise error)?
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from creditlab.analysis.significance import crossed_test
+from creditlab.analysis.significance import crossed_test, holm
 
 #: Scenario -> (seed sd, problem sd, noise sd) of the additive model ``d = μ + a_s + b_p + e_sp``.
 #: At 5 seeds x 200 problems the mean's variance is 87% seeds (``seed``), 82% problems
@@ -119,6 +124,72 @@ def table(cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+#: ``--null`` levels: a single test's, Holm's first threshold over 6 contrasts, and a strict one.
+LEVELS = (0.05, 0.05 / 6, 0.001)
+#: ``--null`` scenarios: the additive ones with the same variances (the effects of two arms'
+#: outcomes, so a contrast's difference has the sds of :data:`SCENARIOS`), ``binary``, and
+#: ``binary_crn``: ``binary`` with common random numbers in the evaluation (every arm of a seed
+#: compares the same uniform draw with its probability of a right answer on a problem).
+NULL_SCENARIOS = ("seed", "problem", "noise", "mixed", "binary", "binary_crn")
+
+
+def null_draw(scenario: str, seeds: int, problems: int, arms: int, rng: np.random.Generator) -> np.ndarray:
+    """``arms`` null contrasts against one shared baseline: an (arms, seeds, problems) array of
+    differences whose population mean is 0 (every arm is the baseline's equal)."""
+    sds = SCENARIOS.get(scenario.removesuffix("_crn"))
+    if sds is not None:
+        a, b, e = (x / np.sqrt(2) for x in sds)  # per arm: a difference of two arms has the sds above
+        y = (a * rng.standard_normal((arms + 1, seeds, 1)) + b * rng.standard_normal((arms + 1, 1, problems))
+             + e * rng.standard_normal((arms + 1, seeds, problems)))
+        return y[1:] - y[:1]
+    theta = DIFFICULTY_SD * rng.standard_normal(problems)
+    effect = np.concatenate([np.zeros((1, problems)), EFFECT_SD * rng.standard_normal((arms, problems))])
+    skill = RUN_SD * rng.standard_normal((arms + 1, seeds, 1))
+    shape = (1 if scenario == "binary_crn" else arms + 1, seeds, problems)
+    right = rng.random(shape) < 1 / (1 + np.exp(-(theta + effect[:, None, :] + skill)))
+    return right[1:].astype(float) - right[:1].astype(float)
+
+
+@dataclass(frozen=True)
+class NullCell:
+    """False positives of the crossed t-test in one (scenario, seeds, problems) cell: each level's
+    rejection rate over all contrasts, the family-wise error with Holm over the arms, and the share
+    of tests whose seed component was set to 0."""
+
+    scenario: str
+    seeds: int
+    problems: int
+    rates: tuple[float, ...]
+    fwer_holm: float
+    clipped: float
+    reps: int
+
+
+def null_rates(scenario: str, seeds: int, problems: int, reps: int, arms: int = 6, seed: int = 0) -> NullCell:
+    """Rejection rates of ``reps`` null experiments of ``arms`` contrasts each (:func:`null_draw`)."""
+    rng = np.random.default_rng(seed)
+    hits, fwer, clipped = np.zeros(len(LEVELS)), 0, 0
+    for _ in range(reps):
+        tests = [crossed_test(d) for d in null_draw(scenario, seeds, problems, arms, rng)]
+        p = np.array([t.p_value for t in tests])
+        hits += (p[:, None] <= np.array(LEVELS)[None, :]).sum(axis=0)
+        fwer += min(holm(p)) <= 0.05
+        clipped += sum(t.var_seed == 0 for t in tests)
+    n = reps * arms
+    return NullCell(scenario, seeds, problems, tuple(float(h / n) for h in hits), fwer / reps, clipped / n, reps)
+
+
+def null_table(cells: list[NullCell]) -> str:
+    """The Markdown table of docs/comparing.md's null simulation."""
+    head = ("| scenario | seeds | problems | seed variance set to 0 | "
+            + " | ".join(f"rejects at {a:.4g}" for a in LEVELS) + " | family-wise error, Holm over 6 |")
+    lines = [head, "|---|---|---|---|" + "---|" * (len(LEVELS) + 1)]
+    for c in cells:
+        lines.append(f"| {c.scenario} | {c.seeds} | {c.problems} | {c.clipped:.3f} | "
+                     + " | ".join(f"{r:.4f}" for r in c.rates) + f" | {c.fwer_holm:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=4000, help="repetitions per cell for the crossed t-test")
@@ -128,8 +199,19 @@ def main() -> None:
     p.add_argument("--problems", default="200,500")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--null", action="store_true",
+                   help="false positives instead of coverage: 6 null contrasts against one baseline per repetition")
     args = p.parse_args()
     start, cells = time.time(), []
+    if args.null:
+        scenarios = NULL_SCENARIOS if args.scenarios == ",".join(SCENARIOS) else args.scenarios.split(",")
+        seeds = [5, 8] if args.seeds == "3,5,8" else [int(x) for x in args.seeds.split(",")]
+        problems = [500] if args.problems == "200,500" else [int(x) for x in args.problems.split(",")]
+        null = [null_rates(sc, s, n, args.reps, seed=args.seed + 10000 * i + 100 * j + k)
+                for i, sc in enumerate(scenarios) for j, s in enumerate(seeds) for k, n in enumerate(problems)]
+        print(null_table(null))
+        print(f"\n{args.reps} null experiments of 6 contrasts per cell; {time.time() - start:.0f} s")
+        return
     for i, scenario in enumerate(args.scenarios.split(",")):
         for j, s in enumerate(int(x) for x in args.seeds.split(",")):
             for k, n in enumerate(int(x) for x in args.problems.split(",")):

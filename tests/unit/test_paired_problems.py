@@ -60,6 +60,22 @@ def test_a_negative_component_is_set_to_zero_and_leaves_the_sum():
     assert (both.var_seed, both.var_problem, both.se, both.df, both.p_value) == pytest.approx((0, 0, 0.5, 1, 0.5))
 
 
+def test_a_seed_component_set_to_zero_keeps_the_seed_means_test():
+    """d = [[0, 1, 2, 3], [1, 2, 3, 1]]: seed means 1.5 and 1.75 (MS_seed = 4 (0.125² + 0.125²) = 0.125),
+    problem means 0.5, 1.5, 2.5, 2 (MS_problem = 2 · 2.1875 / 3 = 1.4583), MS_resid = 1.125 > MS_seed:
+    the seed component is set to 0. The crossed variance MS_problem / (S P) = 0.1823 on P − 1 = 3 df
+    gives t = 1.625 / 0.4270 = 3.81, p = 0.032; the seed means' t-test, se √(0.125 / 8) = 0.125 on
+    S − 1 = 1 df, t = 13, p = 1 − (2/π) atan 13 = 0.0489 (Cauchy). The larger p is the test's, with
+    its interval: the clipped branch alone rejected at up to 8x the nominal rate at α/6 (issue 55)."""
+    t = crossed_test([[0, 1, 2, 3], [1, 2, 3, 1]])
+    assert t.var_seed == 0 and t.diff == pytest.approx(1.625)
+    assert 2 * scipy_stats.t.sf(1.625 / math.sqrt(1.4583333 / 8), 3) == pytest.approx(0.0319, abs=1e-4)  # not this
+    assert t.p_value == pytest.approx(1 - 2 / math.pi * math.atan(13))
+    assert (t.se, t.df) == pytest.approx((0.125, 1.0))
+    assert (t.low, t.high) == pytest.approx((1.625 - 12.706204736174707 * 0.125, 1.625 + 12.706204736174707 * 0.125))
+    assert t.p_value == pytest.approx(scipy_stats.ttest_1samp([1.5, 1.75], 0.0).pvalue)
+
+
 def test_seed_effects_alone_give_the_t_test_of_the_seed_means():
     """d[s, p] = a_s: no problem or residual variance, so the variance is that of the seed means
     over S and df = S − 1: exactly the one-sample t-test of the seed means (the small-seed

@@ -270,8 +270,9 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
                       "at' (at a budget, each run read linearly between its two evaluations around it). "
                       "Mean over seeds x problems; interval and p from a t-test with the crossed random-effects "
                       "variance var_seed/S + var_problem/P + var_resid/(S P) (components from the two-way ANOVA "
-                      "mean squares) and Satterthwaite degrees of freedom (df), so both run-to-run and "
-                      "problem-to-problem variance count; when the seeds dominate, df approaches S - 1. "
+                      "mean squares), on S - 1 degrees of freedom (df) when a seed component is estimated, else "
+                      "Welch-Satterthwaite's, and never smaller than the t-test of the seed means' p, so both "
+                      "run-to-run and problem-to-problem variance count. "
                       f"No p below {MIN_SEEDS_FOR_P} seeds. It is secondary: the exact seed-level test above is the "
                       "test; this one gains power from the problems and rests on a model. "
                       + holm_sentence(c, sum(t.result is not None and t.result.seeds >= MIN_SEEDS_FOR_P

@@ -15,9 +15,10 @@ Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice").
 - **IQM**: the mean of the middle 50% of scores pooled over runs and tasks (``trim_mean(.., 0.25)``,
   rliable's definition); its interval resamples runs with replacement within each task.
 - **Seeds x problems** (every run scores the same held-out problems): :func:`crossed_test`, a
-  t-test with the crossed random-effects variance of the mean and Satterthwaite degrees of
-  freedom, shown beside (after) the exact seed-level test (see its docstring for why crossed and
-  why not a bootstrap).
+  t-test with the crossed random-effects variance of the mean (``S − 1`` degrees of freedom when a
+  seed component is estimated; else Welch–Satterthwaite's, and the seed means' t-test too),
+  shown beside (after) the exact seed-level test (see its docstring for why crossed and why not a
+  bootstrap).
 - **Several contrasts**: :func:`holm` adjusts a family's p-values (Holm 1979).
 
 Every function takes plain arrays and returns a frozen result, so per-problem scores (runs x
@@ -240,8 +241,10 @@ class CrossedTest:
         p_value: Two-sided t-test p of "no difference": ``2 · P(T_df >= |diff| / se)`` (1 when
             ``diff`` and ``se`` are both 0; 0 when only ``se`` is: every cell the same nonzero value).
         se: Standard error of ``diff``, the square root of
-            ``var_seed / S + var_problem / P + var_resid / (S P)``.
-        df: Welch–Satterthwaite degrees of freedom of ``se²`` (``inf`` when ``se`` is 0).
+            ``var_seed / S + var_problem / P + var_resid / (S P)``; or that of the seed means,
+            ``sqrt(MS_seed / (S P))``, when ``var_seed`` was set to 0 and their t-test's p is larger.
+        df: Degrees of freedom of ``se²``: ``S − 1`` when a seed component is estimated or the
+            seed means' test is the larger p, else Welch–Satterthwaite's (``inf`` when ``se`` is 0).
         var_seed, var_problem, var_resid: The variance components (method of moments, negative
             estimates set to 0).
         seeds, problems: The array's shape ``S, P``.
@@ -291,6 +294,10 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     choice: the fewest degrees of freedom among the positive terms, exact when the seeds dominate,
     where ``MS_seed`` is a scaled χ²_{S−1}), else Welch–Satterthwaite's (Satterthwaite 1946)
     ``df = (Σ c_i MS_i)² / Σ (c_i MS_i)² / df_i``, ``df_i`` = S − 1, P − 1, (S − 1)(P − 1).
+    When the seed component is set to 0, the one-sample t-test of the seed means (variance
+    ``MS_seed / (S P)``, ``S − 1`` df) is computed as well and the larger p is the test's, with its
+    interval: without it the clipped branch, where df jumps from ``S − 1`` to about ``P − 1``,
+    rejected at up to 8x the nominal rate at Holm's thresholds (issue 55; docs/comparing.md).
 
     Why not a bootstrap: the crossed bootstrap (the pigeonhole bootstrap of Owen 2007, which this
     replaced) has normal tails and a seed variance shrunk by ``(S − 1)/S``. Simulated with seed
@@ -328,9 +335,25 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     # the positive terms'); Welch-Satterthwaite's, estimated from the same mean squares, ran liberal there.
     df = float(seeds - 1) if var_seed > 0 else var**2 / float((terms[coef != 0] ** 2 / dfs[coef != 0]).sum())
     se = math.sqrt(var)
+    p = _t_p(diff, se, df)
+    if var_seed == 0:
+        # The seed component estimated <= 0 and set to 0: the seeds leave the variance and df jumps
+        # from S - 1 to about P - 1, which rejected at 1.2-8x the nominal rate at alpha / 6 and below
+        # (issue 55's null simulation; docs/comparing.md). The t-test of the seed means (its
+        # variance MS_seed / (S P), S - 1 df) must reject too: the larger p, and that test's interval.
+        se_seeds = math.sqrt(float(ms[0]) / (seeds * problems))
+        p_seeds = _t_p(diff, se_seeds, float(seeds - 1))
+        if p_seeds > p:
+            se, df, p = se_seeds, float(seeds - 1), p_seeds
     half = t_quantile(df, level) * se
-    p = min(1.0, 2 * float(student_t.sf(abs(diff) / se, df)))
     return CrossedTest(diff, diff - half, diff + half, p, se, df, var_seed, var_problem, float(ms[2]), seeds, problems)
+
+
+def _t_p(diff: float, se: float, df: float) -> float:
+    """Two-sided p of ``diff / se`` under Student's t with ``df`` (0 when ``se`` is 0 and ``diff`` is not)."""
+    if se == 0:
+        return 1.0 if diff == 0 else 0.0
+    return min(1.0, 2 * float(student_t.sf(abs(diff) / se, df)))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
