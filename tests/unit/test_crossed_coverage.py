@@ -58,3 +58,30 @@ def test_scenarios_and_the_table(coverage_sim):
     assert d.shape == (4, 5) and truth == coverage_sim.MU
     cells = [coverage_sim.Cell("seed", 5, 200, 0.95, 10, 0.9, 10), coverage_sim.Cell("seed", 5, 500, 0.96, 10, None, 0)]
     assert coverage_sim.table(cells).splitlines()[2] == "| seed | 5 | 0.950 | 0.900 | 0.960 | — |"
+
+
+def test_null_experiments_share_one_baseline(coverage_sim):
+    """``--null``: 6 null arms against one baseline. Each contrast subtracts the same baseline, so
+    two contrasts correlate at 1/2 (equal variances); a contrast has the scenario's sd; common
+    random numbers (one uniform per seed and problem for every arm) make two arms disagree far
+    less often than independent draws do."""
+    rng = np.random.default_rng(0)
+    assert coverage_sim.null_draw("mixed", 5, 40, 6, rng).shape == (6, 5, 40)
+    noise = coverage_sim.null_draw("noise", 2, 20000, 2, rng)
+    assert np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1] == pytest.approx(0.5, abs=0.03)
+    assert noise[0].std() == pytest.approx(0.5, rel=0.03)
+    crn, independent = (coverage_sim.null_draw(s, 5, 2000, 1, rng) for s in ("binary_crn", "binary"))
+    assert set(np.unique(crn)) <= {-1.0, 0.0, 1.0}
+    assert (crn != 0).mean() < 0.5 * (independent != 0).mean()
+
+
+def test_null_rates_and_their_table(coverage_sim):
+    """A small null cell: rates per level are shares of all contrasts, the family-wise error a
+    share of experiments; the per-problem test stays under 0.05 + 3 standard errors here."""
+    cell = coverage_sim.null_rates("binary", 5, 100, reps=150, seed=3)
+    assert cell.reps == 150 and 0 <= cell.clipped <= 1 and len(cell.rates) == 3
+    assert cell.rates[0] >= cell.rates[1] >= cell.rates[2]
+    assert cell.rates[0] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 900)
+    assert 0 <= cell.fwer_holm <= 1
+    row = coverage_sim.null_table([coverage_sim.NullCell("noise", 5, 500, (0.04, 0.008, 0.001), 0.03, 0.5, 10)])
+    assert row.splitlines()[2] == "| noise | 5 | 500 | 0.500 | 0.0400 | 0.0080 | 0.0010 | 0.030 |"
