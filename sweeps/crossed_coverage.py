@@ -1,7 +1,8 @@
 """Coverage of the per-problem test over seeds x problems, by simulation: how often its 95%
 interval holds the true mean difference, for the test ``creditlab compare`` runs
 (:func:`creditlab.analysis.significance.crossed_test`, crossed random effects, ``S − 1`` degrees of
-freedom when a seed component is estimated) and for the crossed bootstrap it replaced (:func:`crossed_bootstrap`, kept here as it was).
+freedom when a seed component is estimated) and for the crossed bootstrap it replaced
+(:func:`crossed_bootstrap`, kept here as it was).
 
     OMP_NUM_THREADS=1 python sweeps/crossed_coverage.py     # docs/comparing.md's table (~80 s on one core)
     python sweeps/crossed_coverage.py --reps 500 --bootstrap-reps 200
@@ -195,26 +196,26 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=4000, help="repetitions per cell for the crossed t-test")
     p.add_argument("--bootstrap-reps", type=int, default=500, help="of those, how many also run the old bootstrap")
     p.add_argument("--resamples", type=int, default=1000, help="draws of each old bootstrap")
-    p.add_argument("--seeds", default="3,5,8")
-    p.add_argument("--problems", default="200,500")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--seeds", help="default 3,5,8 (--null: 5,8)")
+    p.add_argument("--problems", help="default 200,500 (--null: 500)")
+    p.add_argument("--scenarios", help=f"default {','.join(SCENARIOS)} (--null: {','.join(NULL_SCENARIOS)})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--null", action="store_true",
                    help="false positives instead of coverage: 6 null contrasts against one baseline per repetition")
     args = p.parse_args()
+    scenarios = (args.scenarios or ",".join(NULL_SCENARIOS if args.null else SCENARIOS)).split(",")
+    seeds = [int(x) for x in (args.seeds or ("5,8" if args.null else "3,5,8")).split(",")]
+    problems = [int(x) for x in (args.problems or ("500" if args.null else "200,500")).split(",")]
     start, cells = time.time(), []
     if args.null:
-        scenarios = NULL_SCENARIOS if args.scenarios == ",".join(SCENARIOS) else args.scenarios.split(",")
-        seeds = [5, 8] if args.seeds == "3,5,8" else [int(x) for x in args.seeds.split(",")]
-        problems = [500] if args.problems == "200,500" else [int(x) for x in args.problems.split(",")]
         null = [null_rates(sc, s, n, args.reps, seed=args.seed + 10000 * i + 100 * j + k)
                 for i, sc in enumerate(scenarios) for j, s in enumerate(seeds) for k, n in enumerate(problems)]
         print(null_table(null))
         print(f"\n{args.reps} null experiments of 6 contrasts per cell; {time.time() - start:.0f} s")
         return
-    for i, scenario in enumerate(args.scenarios.split(",")):
-        for j, s in enumerate(int(x) for x in args.seeds.split(",")):
-            for k, n in enumerate(int(x) for x in args.problems.split(",")):
+    for i, scenario in enumerate(scenarios):
+        for j, s in enumerate(seeds):
+            for k, n in enumerate(problems):
                 cells.append(coverage(scenario, s, n, args.reps, args.bootstrap_reps, args.resamples,
                                       seed=args.seed + 10000 * i + 100 * j + k))
     print(table(cells))

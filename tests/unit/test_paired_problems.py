@@ -66,7 +66,7 @@ def test_a_seed_component_set_to_zero_keeps_the_seed_means_test():
     the seed component is set to 0. The crossed variance MS_problem / (S P) = 0.1823 on P − 1 = 3 df
     gives t = 1.625 / 0.4270 = 3.81, p = 0.032; the seed means' t-test, se √(0.125 / 8) = 0.125 on
     S − 1 = 1 df, t = 13, p = 1 − (2/π) atan 13 = 0.0489 (Cauchy). The larger p is the test's, with
-    its interval: the clipped branch alone rejected at up to 8x the nominal rate at α/6 (issue 55)."""
+    its interval: the clipped branch alone rejected at up to 2x the nominal rate at α/6 and 7x at 0.001."""
     t = crossed_test([[0, 1, 2, 3], [1, 2, 3, 1]])
     assert t.var_seed == 0 and t.diff == pytest.approx(1.625)
     assert 2 * scipy_stats.t.sf(1.625 / math.sqrt(1.4583333 / 8), 3) == pytest.approx(0.0319, abs=1e-4)  # not this

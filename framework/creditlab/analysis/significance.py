@@ -297,7 +297,7 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     When the seed component is set to 0, the one-sample t-test of the seed means (variance
     ``MS_seed / (S P)``, ``S − 1`` df) is computed as well and the larger p is the test's, with its
     interval: without it the clipped branch, where df jumps from ``S − 1`` to about ``P − 1``,
-    rejected at up to 8x the nominal rate at Holm's thresholds (issue 55; docs/comparing.md).
+    rejected at up to 2x the nominal rate at 0.05/6 and 7x at 0.001 (docs/comparing.md).
 
     Why not a bootstrap: the crossed bootstrap (the pigeonhole bootstrap of Owen 2007, which this
     replaced) has normal tails and a seed variance shrunk by ``(S − 1)/S``. Simulated with seed
@@ -338,8 +338,8 @@ def crossed_test(d: Sequence[Sequence[float]] | np.ndarray, level: float = 0.95)
     p = _t_p(diff, se, df)
     if var_seed == 0:
         # The seed component estimated <= 0 and set to 0: the seeds leave the variance and df jumps
-        # from S - 1 to about P - 1, which rejected at 1.2-8x the nominal rate at alpha / 6 and below
-        # (issue 55's null simulation; docs/comparing.md). The t-test of the seed means (its
+        # from S - 1 to about P - 1, which rejected at up to 2x the nominal rate at alpha / 6 and 7x
+        # at 0.001 (the null simulation in docs/comparing.md). The t-test of the seed means (its
         # variance MS_seed / (S P), S - 1 df) must reject too: the larger p, and that test's interval.
         se_seeds = math.sqrt(float(ms[0]) / (seeds * problems))
         p_seeds = _t_p(diff, se_seeds, float(seeds - 1))
