@@ -440,6 +440,7 @@ def warm_start(
     start, first, ema = time.time(), float("nan"), float("nan")
     bar = _progress(steps, name)
     target, every = args["stop_at_pass1"], int(args["validate_every"])
+    head_on_targets = bool(args.get("head_on_targets", False))
     checks: list[tuple[int, float]] = []
     next_check, stopped = every, None
     for step in range(steps):
@@ -451,15 +452,7 @@ def warm_start(
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for part in split_by_length(rows):
-            ids, mask, labels = _batch(part, pad_id)
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-            flat = logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
-            if all(w == 1.0 for *_, w in part):  # the unweighted sum, as before weights existed
-                loss = torch.nn.functional.cross_entropy(*flat, reduction="sum")
-            else:
-                per_token = torch.nn.functional.cross_entropy(*flat, reduction="none")
-                weights = torch.tensor([w for *_, w in part], device="cpu").repeat_interleave(labels.shape[1] - 1)
-                loss = (per_token * weights).sum()
+            loss = _summed_loss(model, part, pad_id, head_on_targets)
             (loss / n_target).backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -486,6 +479,32 @@ def warm_start(
     if validate is not None:
         info["validation"] = checks
     return info
+
+
+def _summed_loss(model: Any, part: list[tuple[list[int], int, float]], pad_id: int, head_on_targets: bool) -> torch.Tensor:
+    """The weighted sum of ``part``'s target-token losses (a scalar tensor).
+
+    With ``head_on_targets`` the output layer runs on the target positions only (``model`` must
+    have ``get_decoder()`` and ``get_output_embeddings()``, as Hugging Face causal LMs and PEFT
+    wrappers do): the same losses up to the order of sums, without the vocabulary's logits on the
+    prompt (two thirds of a word-problem row; about 1.25x faster per step, docs/real-problems.md).
+    """
+    ids, mask, labels = _batch(part, pad_id)  # (B, T) each
+    labels = labels[:, 1:]  # (B, T-1): the token each position predicts
+    if head_on_targets:
+        keep = labels != -100
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+        logits = model.get_output_embeddings()(hidden[keep])  # (N targets, V)
+        per_token = torch.nn.functional.cross_entropy(logits.float(), labels[keep], reduction="none")
+        weights = torch.tensor([w for *_, w in part], device="cpu")[keep.nonzero()[:, 0]]
+        return (per_token * weights).sum()
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # (B, T-1, V)
+    flat = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if all(w == 1.0 for *_, w in part):  # the unweighted sum, as before weights existed
+        return torch.nn.functional.cross_entropy(*flat, reduction="sum")
+    per_token = torch.nn.functional.cross_entropy(*flat, reduction="none")
+    weights = torch.tensor([w for *_, w in part], device="cpu").repeat_interleave(labels.shape[1])
+    return (per_token * weights).sum()
 
 
 def _progress(total: int, name: str = "arith_tiny") -> Any:

@@ -37,8 +37,9 @@ from creditlab_arith.model import build_cached, cache_root, merge_args, warm_sta
 
 from creditlab_smollm2 import convert
 
-#: Bump when the recipe changes in a way that changes the produced weights.
-RECIPE_VERSION = 1
+#: Bump when the recipe changes in a way that changes the produced weights (2: the output layer
+#: runs on the target positions only, the same losses summed in another order).
+RECIPE_VERSION = 2
 #: The shipped adapters of this recipe and their manifest.
 SHIPPED = Path(__file__).parent / "warm_starts"
 #: The files of a shipped adapter.
@@ -182,7 +183,7 @@ def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
         def validate() -> float:
             return greedy_accuracy(model, tokenizer, held, args["max_new_tokens"], encode)
 
-        schedule = {**args, "steps": steps, "stop_at_pass1": None, "validate_every": steps}
+        schedule = {**args, "steps": steps, "stop_at_pass1": None, "validate_every": steps, "head_on_targets": True}
         # cache_enabled=False: autocast caches its bf16 copies of the weights for as long as the
         # context lasts, and the context spans every optimizer step here: the forward would see
         # the first step's adapter for ever (measured: the loss did not move in 170 steps)

@@ -300,3 +300,35 @@ def test_resolve_examples_blame_step_k() -> None:
 
     with pytest.raises(ValueError, match="localization_answer must be one of"):
         resolve_args({"localization_answer": "Resolve"})
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0), (1.0, 20.0, 0.5)])
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft -> transformers
+def test_head_on_targets_gives_the_full_heads_loss_and_gradient(weights) -> None:
+    """The warm start's output layer on the target positions only (``head_on_targets``) gives the
+    loss and gradients of the full head, weighted rows included, through a PEFT wrapper."""
+    import torch
+    from creditlab_arith import model as recipe
+    from peft import LoraConfig, get_peft_model
+    from tests.numerics import assert_close_fp, lm_length
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = [([1, 5, 6, 7, 8, 2], 2, weights[0]), ([1, 5, 6, 2], 3, weights[1]), ([1, 9, 9, 9, 7, 6, 5, 2], 4, weights[2])]
+    torch.manual_seed(0)
+    model = get_peft_model(
+        LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2)),
+        LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False))
+    losses, grads = [], []
+    for head_on_targets in (False, True):
+        model.zero_grad()
+        loss = recipe._summed_loss(model, rows, 0, head_on_targets)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    n = lm_length(model.config, 8, backward=True, tokens=18)
+    assert losses[1].ndim == 0 and float(losses[1]) > 0
+    assert_close_fp(losses[1], losses[0], length=n)
+    for a, b in zip(grads[1], grads[0]):
+        assert_close_fp(a, b, length=n)
