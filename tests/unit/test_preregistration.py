@@ -36,7 +36,7 @@ def test_a_block_parses_with_its_defaults():
 
 @pytest.mark.parametrize("change, message", [
     ({"metrc": "eval/pass@1"}, "preregistration: unknown key 'metrc'. Did you mean 'metric'? Valid keys: name, "
-     "metric, budgets, by, baseline, contrasts, alpha, min_seeds."),
+     "metric, budgets, by, baseline, contrasts, alpha, correction, seeds, min_seeds."),
     ({"budgets": ["steps", "tokens/generatd"]}, "preregistration.budgets: 'tokens/generatd' is not a budget axis. "
      "Did you mean 'tokens/generated'? Budget axes: steps, tokens/generated, tokens/trained, time/train_s."),
     ({"budgets": ["step"]}, "'step' is not a budget axis. Did you mean 'steps'?"),
@@ -45,11 +45,11 @@ def test_a_block_parses_with_its_defaults():
     ({"contrasts": [{"group": "a", "expect": "grater"}]}, "preregistration.contrasts[0].expect: 'grater' is not a "
      "prediction. Did you mean 'greater'? Choose one of: greater, less, none (none = no difference expected)."),
     ({"contrasts": [{"group": "a", "expected": "less"}]}, "preregistration.contrasts[0]: unknown key 'expected'. "
-     "Did you mean 'expect'? Valid keys: group, expect, budgets."),
+     "Did you mean 'expect'? Valid keys: group, expect, margin, baseline, budgets."),
     ({"contrasts": [{"group": "a", "expect": "less", "budgets": ["tokens"]}]}, "preregistration.contrasts[0].budgets: "
      "'tokens' is not a budget axis. Did you mean 'tokens/trained'?"),
-    ({"contrasts": [{"group": "grpo", "expect": "less"}]}, "group 'grpo' is the baseline"),
-    ({"contrasts": [{"group": "a", "expect": "less"}, {"group": "a", "expect": "none"}]}, "group 'a' is listed twice"),
+    ({"contrasts": [{"group": "grpo", "expect": "less"}]}, "group 'grpo' is its own baseline"),
+    ({"contrasts": [{"group": "a", "expect": "less"}, {"group": "a", "expect": "none"}]}, "group 'a' is listed twice against 'grpo'"),
     ({"contrasts": []}, "preregistration.contrasts: must be a non-empty list"),
     ({"metric": "pass@1"}, "preregistration.metric: must be an evaluation metric such as eval/pass@1"),
     ({"alpha": 5}, "preregistration.alpha: must be a number in (0, 1), got 5."),

@@ -12,7 +12,9 @@ problem by problem over seeds x problems (:mod:`creditlab.analysis.problem_recor
 evaluations or at exactly equal budgets of a cumulative counter, read between evaluations
 (``--at-equal``, :mod:`creditlab.analysis.budgets`). Each table's p-values
 get a Holm-adjusted p. When the runs declared their comparison (``preregistration``), it is tested
-as declared first (:mod:`creditlab.analysis.confirmatory`); learning curves are :mod:`creditlab.analysis.curves`.
+as declared first (:mod:`creditlab.analysis.confirmatory`), and a later declaration
+(``--prereg FILE``) beside it on the runs started after it (:mod:`creditlab.analysis.later`);
+learning curves are :mod:`creditlab.analysis.curves`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from creditlab.analysis.confirmatory import Preregistered, declaration, resolve,
 from creditlab.analysis.contrasts import Test, adjust_holm, claim_warnings, problem_tests, significance_tests
 from creditlab.analysis.curves import REWARD_SMOOTHING, Band, aggregate_curve
 from creditlab.analysis.group_stats import GroupStats, group_stats, tokens_to_threshold
+from creditlab.analysis.later import Later, fresh_runs, load_later
 from creditlab.analysis.preregistration import Preregistration
 from creditlab.analysis.problem_records import (
     MIN_SEEDS_FOR_P,
@@ -59,6 +62,7 @@ class Comparison:
     warnings: list[str]
     problem_tests: list[ProblemTest] = field(default_factory=list)
     prereg: Preregistered | None = None
+    later: Preregistered | None = None
 
     @property
     def baseline(self) -> str:
@@ -145,10 +149,12 @@ def compare(
             test beside final and AUC, read each pair of runs at exactly equal totals of it, the
             smaller of their totals at their last evaluations, interpolated between evaluations
             (:func:`creditlab.analysis.budgets.read_pair`); None: at the last evaluations.
-        prereg: A YAML file with the declaration to test (default: the one the runs' config.yaml
-            records, if any).
+        prereg: A committed YAML file with a later declaration, tested in its own section on
+            the runs started after its commit (:mod:`creditlab.analysis.later`); the runs' own
+            declaration (their config.yaml) is still the pre-registered one.
         use_prereg: False: no pre-registered section (an exploratory comparison).
-        holm: Holm-adjust the p-values of each table (and the declared family).
+        holm: Holm-adjust the p-values of each table (and the declared families; off, a declared
+            Holm correction makes the verdicts "not as declared").
 
     Raises:
         CompareError: No runs found, an unknown ``--by`` key or ``--baseline`` group, an
@@ -157,8 +163,13 @@ def compare(
     """
     runs = [load_run(p) for p in find_runs(paths)]
     short_names(runs)
-    decl, prereg_source = declaration(runs, prereg) if use_prereg else (None, "")
-    by, baseline, metric = _declared(decl, prereg_source, by, baseline, metric)
+    later = load_later(prereg) if prereg is not None else None
+    decl, prereg_source, mixed = declaration(runs, mixed_ok=later is not None) if use_prereg else (None, "", "")
+    if later is not None and decl is not None and later.declaration.by != decl.by:
+        raise CompareError(f"{later.source}: groups by {', '.join(later.declaration.by)}, the runs' declaration by "
+                           f"{', '.join(decl.by)}; a later declaration must group the runs as theirs does")
+    first = decl or (later.declaration if later is not None else None)
+    by, baseline, metric = _declared(first, prereg_source or (later.source if later else ""), by, baseline, metric)
     _check_metric(runs, metric)
     warnings = assign_groups(runs, by)
     select_used(runs, metric, include_unfinished)
@@ -198,7 +209,7 @@ def compare(
     settings = {"paths": [str(p) for p in paths], "by": by, "baseline": base_label, "metric": metric,
                 "threshold": threshold, "threshold_source": source, "resamples": resamples, "seed": seed,
                 "include_unfinished": include_unfinished, "at_equal": at_equal, "holm": holm,
-                "preregistration": prereg_source or None}
+                "preregistration": prereg_source or None, "later_declaration": later.source if later else None}
     records = {r.path: read_records(r.path) for r in runs if r.used}
     per_problem, at_budget = problem_tests(groups, base, metric, at_equal, resamples, seed, records)
     tests = significance_tests(groups, base, resamples, seed) + at_budget
@@ -210,4 +221,20 @@ def compare(
     if decl is not None:
         declared, more = run_declared(decl, prereg_source, runs, by, base_label, records, holm, resamples, seed)
         warnings = more + warnings
-    return Comparison(settings, runs, groups, tests, curves, warnings, per_problem, declared)
+    warnings = ([mixed] if mixed else []) + warnings
+    return Comparison(settings, runs, groups, tests, curves, warnings, per_problem, declared,
+                      _later(later, runs, by, records, holm, resamples, seed, warnings))
+
+
+def _later(later: Later | None, runs: list[Run], by: list[str], records: dict[Path, dict[int, dict[str, Any]]],
+           holm: bool, resamples: int, seed: int, warnings: list[str]) -> Preregistered | None:
+    """The later declaration's section, on the runs started after its commit (warnings appended)."""
+    if later is None:
+        return None
+    fresh, left = fresh_runs(runs, later)
+    base_label = resolve(later.declaration.baseline, fresh, by)
+    section, more = run_declared(later.declaration, later.source, fresh, by, base_label or later.declaration.baseline,
+                                 records, holm, resamples, seed)
+    section.later, section.left_out = True, left
+    warnings.extend(more)
+    return section

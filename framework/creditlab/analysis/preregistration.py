@@ -10,11 +10,18 @@ A sweep sets it (a ``# @package _global_`` sweep file, or an override), so every
       budgets: [steps, tokens/generated]  # one or more of BUDGETS
       by: method                          # the grouping key(s) (compare's --by)
       baseline: grpo
-      contrasts:                          # each tested against the baseline
+      contrasts:                          # each tested against the baseline (or its own)
         - {group: oracle_credit, expect: greater}   # greater | less | none (no difference)
-        - {group: srpo_oracle, expect: none, budgets: [steps, tokens/generated]}  # its own axes
+        - {group: oracle_credit, baseline: sham_credit, expect: greater}  # its own comparator
+        - {group: srpo_oracle, expect: none, margin: 0.01, budgets: [steps, tokens/generated]}
       alpha: 0.05
+      correction: holm                    # holm (over the family: contrasts x budgets) | none
+      seeds: [0, 1, 2, 3, 4, 5, 6, 7]     # the seeds tested (optional; else at least min_seeds)
       min_seeds: 8
+
+A ``none`` prediction is tested for equivalence within its ``margin`` (two one-sided tests): a
+new declaration (``creditlab train``) must give one; a block recorded without one still parses, and
+its ``none`` can then never be confirmed.
 
 :func:`parse` checks a block before anything loads (``creditlab train`` calls it through
 :func:`creditlab.run.config.validate`): an unknown key, a budget that is not an axis, an expectation
@@ -35,9 +42,10 @@ from creditlab.errors import ConfigError, closest
 #: cumulative counters, compared at exactly equal budgets (:mod:`creditlab.analysis.budgets`).
 BUDGETS = ("steps", "tokens/generated", "tokens/trained", "time/train_s")
 EXPECTATIONS = ("greater", "less", "none")
-KEYS = ("name", "metric", "budgets", "by", "baseline", "contrasts", "alpha", "min_seeds")
+KEYS = ("name", "metric", "budgets", "by", "baseline", "contrasts", "alpha", "correction", "seeds", "min_seeds")
 REQUIRED = ("metric", "budgets", "baseline", "contrasts")
-CONTRAST_KEYS = ("group", "expect", "budgets")
+CONTRAST_KEYS = ("group", "expect", "margin", "baseline", "budgets")
+CORRECTIONS = ("holm", "none")
 #: Seeds a claim needs: with n paired seeds the exact sign-flip test cannot go below 2/2^n,
 #: 0.0078 at 8 (0.0625 at 5), room for a Holm correction over a few contrasts at alpha 0.05.
 CLAIM_SEEDS = 8
@@ -45,13 +53,15 @@ CLAIM_SEEDS = 8
 
 @dataclass(frozen=True)
 class Contrast:
-    """One declared contrast: ``group`` against the baseline, with the stated prediction ``expect``
-    (``greater``, ``less``, or ``none``: no difference), on its own ``budgets`` axes (empty: the
-    block's)."""
+    """One declared contrast: ``group`` against ``baseline`` (None: the block's), with the stated
+    prediction ``expect`` (``greater``, ``less``, or ``none``: no difference larger than ``margin``,
+    in the metric's units), on its own ``budgets`` axes (empty: the block's)."""
 
     group: str
     expect: str
     budgets: tuple[str, ...] = ()
+    margin: float | None = None
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,17 +76,27 @@ class Preregistration:
     alpha: float = 0.05
     min_seeds: int = CLAIM_SEEDS
     name: str = ""
+    correction: str = "holm"
+    seeds: tuple[int, ...] = ()
 
     def budgets_of(self, contrast: Contrast) -> tuple[str, ...]:
         """The axes ``contrast`` is tested on: its own, else the block's."""
         return contrast.budgets or self.budgets
 
+    def baseline_of(self, contrast: Contrast) -> str:
+        """The group ``contrast`` is tested against: its own, else the block's."""
+        return contrast.baseline or self.baseline
+
     def as_dict(self) -> dict[str, Any]:
-        """The block in its YAML form (``compare.json``, and what two declarations are compared by)."""
-        contrasts = [{"group": c.group, "expect": c.expect, **({"budgets": list(c.budgets)} if c.budgets else {})}
-                     for c in self.contrasts]
+        """The block in its YAML form (``compare.json``, and what two declarations are compared by;
+        optional keys only where set, so that a block recorded before they existed reads the same)."""
+        contrasts = [{"group": c.group, "expect": c.expect, **({"margin": c.margin} if c.margin is not None else {}),
+                      **({"baseline": c.baseline} if c.baseline else {}),
+                      **({"budgets": list(c.budgets)} if c.budgets else {})} for c in self.contrasts]
         return {"name": self.name, "metric": self.metric, "budgets": list(self.budgets), "by": list(self.by),
-                "baseline": self.baseline, "contrasts": contrasts, "alpha": self.alpha, "min_seeds": self.min_seeds}
+                "baseline": self.baseline, "contrasts": contrasts, "alpha": self.alpha, "min_seeds": self.min_seeds,
+                **({"correction": self.correction} if self.correction != "holm" else {}),
+                **({"seeds": list(self.seeds)} if self.seeds else {})}
 
 
 def _fail(where: str, message: str) -> ConfigError:
@@ -116,10 +136,26 @@ def _budgets(value: Any, where: str) -> tuple[str, ...]:
     return budgets
 
 
-def _contrast(item: Any, where: str) -> Contrast:
+def _margin(item: dict[str, Any], expect: str, where: str, require: bool) -> float | None:
+    """A ``none`` contrast's equivalence margin: a positive number (required when ``require``)."""
+    margin = item.get("margin")
+    if margin is None:
+        if expect == "none" and require:
+            raise _fail(where, "a 'none' prediction needs a margin, the largest difference (in the metric's units) "
+                        "that still counts as no difference, e.g. {group: sham, expect: none, margin: 0.01}: "
+                        "without one, 'no difference' could never fail.")
+        return None
+    if expect != "none":
+        raise _fail(f"{where}.margin", f"only a 'none' prediction takes a margin (this one is '{expect}').")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+        raise _fail(f"{where}.margin", f"must be a positive number (in the metric's units), got {margin!r}.")
+    return float(margin)
+
+
+def _contrast(item: Any, where: str, require_margin: bool) -> Contrast:
     if not isinstance(item, dict):
-        raise _fail(where, f"must be a mapping {{group: <name>, expect: greater|less|none[, budgets: [...]]}}, "
-                    f"got {item!r}.")
+        raise _fail(where, f"must be a mapping {{group: <name>, expect: greater|less|none[, margin: <m>]"
+                    f"[, baseline: <name>][, budgets: [...]]}}, got {item!r}.")
     for key in item:
         if key not in CONTRAST_KEYS:
             raise _unknown(where, key, CONTRAST_KEYS)
@@ -131,11 +167,25 @@ def _contrast(item: Any, where: str) -> Contrast:
         raise _fail(f"{where}.expect", f"{expect!r} is not a prediction." + (f" Did you mean '{hint}'?" if hint else "")
                     + f" Choose one of: {', '.join(EXPECTATIONS)} (none = no difference expected).")
     budgets = _budgets(item["budgets"], f"{where}.budgets") if item.get("budgets") is not None else ()
-    return Contrast(_name(item["group"], f"{where}.group"), expect, budgets)
+    baseline = _name(item["baseline"], f"{where}.baseline") if item.get("baseline") is not None else None
+    return Contrast(_name(item["group"], f"{where}.group"), expect, budgets,
+                    _margin(item, expect, where, require_margin), baseline)
 
 
-def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
+def _seeds(value: Any, where: str) -> tuple[int, ...]:
+    """The declared seeds: distinct integers, at least two."""
+    if value is None:
+        return ()
+    ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not ok or len(value) < 2 or len(set(value)) < len(value):
+        raise _fail(where, f"must be a list of at least two distinct integer seeds, got {value!r}.")
+    return tuple(value)
+
+
+def parse(block: Any, where: str = "preregistration", require_margin: bool = False) -> Preregistration | None:
     """Validate a ``preregistration`` block (a plain mapping, or None: no declaration).
+    ``require_margin``: a ``none`` prediction without a margin is an error (a new declaration; a
+    recorded one may predate margins).
 
     Raises:
         ConfigError: One line naming the key, what is wrong and the valid choices.
@@ -159,13 +209,15 @@ def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
     if not isinstance(contrasts, (list, tuple)) or not contrasts:
         raise _fail(f"{where}.contrasts", f"must be a non-empty list of {{group: <name>, expect: greater|less|none}}, "
                     f"got {contrasts!r}.")
-    parsed = tuple(_contrast(c, f"{where}.contrasts[{i}]") for i, c in enumerate(contrasts))
+    parsed = tuple(_contrast(c, f"{where}.contrasts[{i}]", require_margin) for i, c in enumerate(contrasts))
     baseline = _name(block["baseline"], f"{where}.baseline")
-    groups = [c.group for c in parsed]
-    if baseline in groups or len(set(groups)) < len(groups):
-        twice = baseline if baseline in groups else next(g for g in groups if groups.count(g) > 1)
-        raise _fail(f"{where}.contrasts", f"group '{twice}' is " + ("the baseline" if twice == baseline else "listed twice")
-                    + ": each contrast tests one other group against the baseline once.")
+    pairs = [(c.group, c.baseline or baseline) for c in parsed]
+    same = next((g for g, b in pairs if g == b), None)
+    twice = next((p for p in pairs if pairs.count(p) > 1), None)
+    if same is not None or twice is not None:
+        raise _fail(f"{where}.contrasts", f"group '{same}' is its own baseline" if same is not None else
+                    f"group '{twice[0]}' is listed twice against '{twice[1]}'"
+                    ": each contrast tests one group against another once.")
     alpha = block.get("alpha", 0.05)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise _fail(f"{where}.alpha", f"must be a number in (0, 1), got {alpha!r}.")
@@ -174,7 +226,11 @@ def parse(block: Any, where: str = "preregistration") -> Preregistration | None:
         raise _fail(f"{where}.min_seeds", f"must be an integer >= 2, got {min_seeds!r}.")
     name = block.get("name") or ""
     by = _strings(block.get("by", "method"), f"{where}.by", "a config key")
-    return Preregistration(metric, budgets, baseline, parsed, by, float(alpha), min_seeds, str(name))
+    correction = block.get("correction", "holm")
+    if correction not in CORRECTIONS:
+        raise _fail(f"{where}.correction", f"must be one of {', '.join(CORRECTIONS)}, got {correction!r}.")
+    seeds = _seeds(block.get("seeds"), f"{where}.seeds")
+    return Preregistration(metric, budgets, baseline, parsed, by, float(alpha), min_seeds, str(name), correction, seeds)
 
 
 def load(path: str | Path) -> Preregistration:

@@ -230,7 +230,7 @@ def run_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 def blocks(c: Comparison, images: list[Path]) -> list[Block]:
     """The report as blocks (rendered to Markdown and HTML)."""
     s = c.settings
-    x = EXPLORATORY if c.prereg else ""
+    x = EXPLORATORY if c.prereg or c.later else ""
     out: list[Block] = [
         ("h1", "creditlab compare"),
         ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {', '.join(s['paths'])}: {len(c.runs)} run(s), "
@@ -238,7 +238,8 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
               f"metric {s['metric']}; threshold {_threshold(c)}; {s['resamples']} resamples (bootstrap intervals, "
               f"Monte Carlo tests), seed {s['seed']}."),
     ]
-    out += prereg_blocks(c.prereg, c.baseline) if c.prereg else []
+    out += prereg_blocks(c.prereg) if c.prereg else []
+    out += prereg_blocks(c.later) if c.later else []
     if c.warnings:
         out += [("h2", "Warnings"), ("ul", c.warnings)]
     out += [("h2", f"{x}Results per group"), ("table", *group_rows(c)),
@@ -351,8 +352,9 @@ def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
 def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) -> None:
     """Groups, tests and warnings as rich tables on the terminal."""
     console = console or Console(width=160)
-    x = EXPLORATORY.lower() if c.prereg else ""
-    declared = [(f"pre-registered comparison ({c.prereg.source})", prereg_rows(c.prereg, c.baseline))] if c.prereg else []
+    x = EXPLORATORY.lower() if c.prereg or c.later else ""
+    declared = [(f"{'later declaration' if p.later else 'pre-registered comparison'} ({p.source})", prereg_rows(p))
+                for p in (c.prereg, c.later) if p is not None]
     for title, (header, rows) in (*declared, (f"{x}creditlab compare", group_rows(c)),
                                   (f"{x}against baseline '{c.baseline}': exact seed-level tests (primary)", test_rows(c)),
                                   (f"{x}per problem against '{c.baseline}' (secondary, seeds x problems)",

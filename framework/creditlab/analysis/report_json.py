@@ -34,8 +34,11 @@ def prereg_json(p: Preregistered) -> dict[str, Any]:
     """The pre-registered section: the declaration, where it came from, and every declared test."""
     return {
         "declaration": p.declaration.as_dict(), "source": p.source, "holm": p.holm, "family": len(p.tests),
-        "tests": [{"group": t.group, "label": t.label, "budget": t.budget, "expect": t.expect, "seeds": t.seeds,
-                   "budgets": t.budgets, "note": t.note, "p_holm": t.p_holm, "decision": p.decision(t),
+        "later": p.later, "deviations": p.deviations, "left_out": p.left_out,
+        "tests": [{"group": t.group, "label": t.label, "baseline": t.baseline, "budget": t.budget, "expect": t.expect,
+                   "margin": t.margin, "seeds": t.seeds, "budgets": t.budgets, "note": t.note,
+                   "deviations": t.deviations, "p_equivalent": t.p_equivalent, "p_holm": t.p_holm,
+                   "decision": p.decision(t), "verdict": p.verdict(t),
                    "agrees": p.agrees(t), **({} if t.result is None else diff_json(t.result)),
                    "per_problem": None if t.problem is None else crossed_json(t.problem)}
                   for t in p.tests],
@@ -50,6 +53,7 @@ def to_json(c: Comparison) -> dict[str, Any]:
     return {
         "settings": c.settings,
         "preregistration": None if c.prereg is None else prereg_json(c.prereg),
+        "later_declaration": None if c.later is None else prereg_json(c.later),
         "groups": [{"label": g.label, "seeds": [s for s, _ in g.values.get("final", [])], "final": ci(g.final),
                     "final_steps": g.final_steps, "auc": ci(g.auc), "iqm": {k: iq(v) for k, v in g.iqm.items()},
                     "tokens_to_threshold": {k: {"median": v[0], "reached": v[1]} for k, v in g.to_threshold.items()},

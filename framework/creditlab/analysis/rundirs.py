@@ -58,6 +58,7 @@ class Run:
         group: The group label.
         used: Whether the run enters the statistics.
         reason: Why it does not (empty when used).
+        started: When it started (``status.json``'s local ``%Y-%m-%dT%H:%M:%S``; None if unknown).
     """
 
     path: Path
@@ -72,6 +73,7 @@ class Run:
     group: str = ""
     used: bool = False
     reason: str = ""
+    started: str | None = None
 
     def curve(self, metric: str, axis: str = "step") -> tuple[list[float], list[float]]:
         """``metric`` against ``axis``: counters are taken from the latest row at or before each
@@ -225,15 +227,16 @@ def load_run(path: Path) -> Run:
         if bad:
             notes.append(f"{bad} unreadable line(s) in metrics.jsonl skipped")
     run.steps = max((int(r["step"]) for r in run.rows if REWARD in r and "step" in r), default=0)
+    status = _read_json(path / "status.json")
+    run.started = str(status["started"]) if status and status.get("started") else None
     if not run.rows:
         run.status = "empty"
         run.detail = "metrics.jsonl is empty" if metrics.exists() else "no metrics.jsonl"
-        status = _read_json(path / "status.json")
         if status and status.get("status") == "failed":
             _classify(run, status, False)
             run.detail += " (nothing logged)"
     else:
-        _classify(run, _read_json(path / "status.json"), (path / "summary.json").exists())
+        _classify(run, status, (path / "summary.json").exists())
     if notes:
         run.detail += "; " + "; ".join(notes)
     return run

@@ -157,6 +157,24 @@ def paired_test(group: Sequence[float], baseline: Sequence[float], resamples: in
                     f"{len(d)} pairs", True, exact, 2 ** len(d) if exact else resamples, *boot)
 
 
+def equivalence_p(d: Sequence[float], margin: float, resamples: int = 10000, seed: int = 0) -> float:
+    """p of two one-sided sign-flip tests (TOST) that the paired differences ``d`` (n,) lie within
+    ``(-margin, margin)``: the larger of the one-sided p of ``d + margin > 0`` (against a mean
+    ``<= -margin``) and of ``d - margin < 0`` (against ``>= margin``). Small p: equivalent. With n
+    pairs it cannot go below 1/2^n (every shifted difference of one sign)."""
+    x = np.round(_values(d), DECIMALS)
+    if len(x) < 2 or not margin > 0:
+        raise ValueError(f"an equivalence test needs >= 2 differences and a positive margin, got {len(x)} and {margin!r}")
+    exact = 2 ** len(x) <= EXACT_LIMIT
+    out = []
+    for shifted, alternative in ((x + margin, "greater"), (x - margin, "less")):
+        res = permutation_test((np.round(shifted, DECIMALS),), _mean, vectorized=True, permutation_type="samples",
+                               n_resamples=np.inf if exact else resamples, alternative=alternative,
+                               rng=np.random.default_rng(seed))
+        out.append(float(res.pvalue))
+    return min(1.0, max(out))
+
+
 def unpaired_test(group: Sequence[float], baseline: Sequence[float], resamples: int = 10000, seed: int = 0) -> DiffTest:
     """Permutation test of the difference of means and Welch t-interval, for samples that share
     no pairing (different seeds). Each sample needs at least two values."""

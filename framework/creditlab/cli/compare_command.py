@@ -33,9 +33,11 @@ def parser() -> ArgumentParser:
                    help="compare each pair of runs at an equal budget of a cumulative counter, e.g. tokens/trained "
                    "(default: at their last evaluations)")
     p.add_argument("--prereg", default=None, metavar="FILE",
-                   help="a YAML file with the preregistration block to test (default: the one the runs' config.yaml records)")
+                   help="a later declaration: a committed YAML file with a preregistration block, tested in its own "
+                   "section on the runs started after its commit (the runs' own config.yaml stays the pre-registration)")
     p.add_argument("--no-prereg", action="store_true", help="no pre-registered section: an exploratory comparison only")
-    p.add_argument("--no-holm", action="store_true", help="report raw p-values only (default: a Holm-adjusted p beside each)")
+    p.add_argument("--no-holm", action="store_true", help="report raw p-values only (default: a Holm-adjusted p beside each; a declared Holm "
+                   "correction then reads 'not as declared')")
     return p
 
 
@@ -48,7 +50,7 @@ def main(argv: list[str]) -> None:
     if args.bootstrap < 1:
         exit_with(f"--bootstrap must be a positive number of resamples, got {args.bootstrap}")
     if args.prereg is not None and args.no_prereg:
-        exit_with("--prereg FILE and --no-prereg contradict each other: give one")
+        exit_with("--prereg FILE and --no-prereg contradict each other: give one (--no-prereg: no declared section)")
 
     from creditlab.analysis.compare import CompareError, compare  # the report's modules (see the module doc)
     from creditlab.analysis.report import print_summary, write_report

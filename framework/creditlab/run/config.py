@@ -329,7 +329,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
     check_ranges(cfg)
     top = {k: _plain(cfg[k]) for k in cfg if k in {f.name for f in fields(RunConfig)}}
     out: dict[str, Any] = {"run": build_config(RunConfig, top, "config")}
-    out["preregistration"] = parse_preregistration(_plain(cfg.get("preregistration")))
+    out["preregistration"] = parse_preregistration(_plain(cfg.get("preregistration")), require_margin=True)
     core, strategy_name, strategy, strategy_config = _rollout_section(dict(_plain(cfg.get("rollout", {})) or {}))
     out["rollout"] = core
     for name, schema in SECTIONS.items():
