@@ -28,6 +28,7 @@ from creditlab.analysis.contrasts import Test, adjust_holm, claim_warnings, prob
 from creditlab.analysis.curves import REWARD_SMOOTHING, Band, aggregate_curve
 from creditlab.analysis.group_stats import GroupStats, group_stats, tokens_to_threshold
 from creditlab.analysis.later import Later, fresh_runs, load_later
+from creditlab.analysis.results_file import is_results, materialize
 from creditlab.analysis.preregistration import Preregistration
 from creditlab.analysis.problem_records import (
     MIN_SEEDS_FOR_P,
@@ -134,7 +135,8 @@ def compare(
     runs declared (:mod:`creditlab.analysis.confirmatory`).
 
     Args:
-        paths: Run directories and/or folders holding them (searched recursively).
+        paths: Run directories and/or folders holding them (searched recursively), or results
+            files a comparison wrote (``results.jsonl.gz``: its runs, compared again).
         by: Config keys whose values define a group (dotted, e.g. ``advantage.std``; default: the
             declared ``by``, else ``method``).
         baseline: Group label to test against (default: the declared baseline, else ``grpo`` if
@@ -161,7 +163,7 @@ def compare(
             ``--at-equal`` key that is not a logged cumulative counter, runs that declare different
             pre-registrations (without ``prereg``), a ``by`` or ``baseline`` other than declared.
     """
-    runs = [load_run(p) for p in find_runs(paths)]
+    runs = [load_run(p) for p in find_runs([materialize(p) if is_results(p) else p for p in paths])]
     short_names(runs)
     later = load_later(prereg) if prereg is not None else None
     decl, prereg_source, mixed = declaration(runs, mixed_ok=later is not None) if use_prereg else (None, "", "")

@@ -25,6 +25,7 @@ from creditlab.analysis.group_stats import TESTED, GroupStats
 from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
 from creditlab.analysis.report_json import to_json
 from creditlab.analysis.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
+from creditlab.analysis.results_file import write_results
 from creditlab.analysis.rundirs import AXES, REWARD
 from creditlab.analysis.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
 from creditlab.analysis.stats import MeanCI
@@ -337,12 +338,16 @@ def to_html(items: list[Block], out: Path, title: str = "creditlab compare") -> 
 
 
 def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
-    """Write plots, ``report.md``, ``report.html`` and ``compare.json`` into ``out``."""
+    """Write plots, ``report.md``, ``report.html``, ``compare.json`` and the runs it read
+    (``results.jsonl.gz``, :mod:`creditlab.analysis.results_file`) into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    results, too_big = write_results(c.runs, out / "results.jsonl.gz")
+    if too_big and too_big not in c.warnings:
+        c.warnings.append(too_big)
     images = plot_curves(c, out)
     items = blocks(c, images)
-    paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "compare.json"}
+    paths = {"md": out / "report.md", "html": out / "report.html", "json": out / "compare.json", "results": results}
     paths["md"].write_text(to_markdown(items))
     paths["html"].write_text(to_html(items, out))
     paths["json"].write_text(json.dumps(to_json(c), indent=2, default=str))
