@@ -1,0 +1,1 @@
+"""creditlab_raft plug-in: the filtered (rejection-sampling) baseline."""
