@@ -254,3 +254,19 @@ def test_a_later_declaration_is_its_own_section_on_fresh_runs(tmp_path, capsys):
     assert f"(committed 2026-06-01T12:00:00+00:00, commit {commit[:12]})" in md
     assert "| oracle vs sham | steps (last evaluations) | greater | 8 |" in md
     assert json.loads((out / "compare.json").read_text())["later_declaration"]["tests"][0]["verdict"] == "agrees"
+
+
+def test_equivalent_wins_over_a_significant_difference_inside_the_margin(tmp_path):
+    """Sham +0.005 on all 8 seeds, margin 0.02: its difference is significant (2/256 x 6 = 0.047)
+    but lies within the margin (equivalence p 1/256, Holm 0.0234): the declared question is
+    answered 'equivalent'."""
+    _sweep(tmp_path / "runs")
+    for s in range(8):
+        for f in (tmp_path / "runs" / f"sham-{s}").iterdir():
+            f.unlink()
+        (tmp_path / "runs" / f"sham-{s}").rmdir()
+        make_run(tmp_path / "runs", f"sham-{s}", "sham", s, evals={0: 0.5, 2: 0.5, 4: 0.505}, cfg={"preregistration": DECLARED})
+    c = compare([tmp_path / "runs"])
+    sham = next(t for t in c.prereg.tests if t.group == "sham" and t.budget == "steps")
+    assert sham.result.p_value == pytest.approx(2 / 256) and c.prereg.significant(sham)
+    assert sham.p_equivalent == pytest.approx(1 / 256) and c.prereg.verdict(sham) == "equivalent"

@@ -141,9 +141,9 @@ class Preregistered:
         - ``not tested``, or ``not as declared (<why>)`` where the comparison departs from it;
         - ``greater``/``less``: ``agrees`` (a difference at alpha in the predicted direction),
           ``contradicts`` (in the other), ``not shown``;
-        - ``none``: ``equivalent`` (the equivalence p at alpha), ``different`` (a difference at
-          alpha), else ``inconclusive`` (always so without a margin: no difference shown is not
-          evidence of none).
+        - ``none``: ``equivalent`` (the equivalence p at alpha: within the margin, even where a
+          smaller difference is significant), else ``different`` (a difference at alpha), else
+          ``inconclusive`` (always so without a margin: no difference shown is not evidence of none).
         """
         if t.result is None:
             return "not tested"
@@ -153,11 +153,11 @@ class Preregistered:
         decision = self.decision(t)
         if t.expect != "none":
             return "not shown" if decision == "no difference shown" else ("agrees" if decision == t.expect else "contradicts")
-        if decision != "no difference shown":
-            return "different"
         p = self.p_decision(t)
         if t.margin is not None and p is not None and p <= self.declaration.alpha:
-            return "equivalent"
+            return "equivalent"  # within the margin, even where a smaller difference is significant
+        if decision != "no difference shown":
+            return "different"
         return "inconclusive" + ("" if t.margin is not None else " (no margin declared)")
 
     def agrees(self, t: Declared) -> bool | None:
