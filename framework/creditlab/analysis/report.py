@@ -181,7 +181,8 @@ def holm_sentence(c: Comparison, n: int, what: str) -> str:
         return (f"No correction for multiple comparisons (--no-holm): among {n} tests some p-values below 0.05 are "
                 "expected by chance.")
     return (f"Holm p: Holm-adjusted over the {n} test(s) with a p in this table (the family: {what}); a difference "
-            "is claimed at level alpha only where it is <= alpha.")
+            "is claimed at level alpha only where it is <= alpha. Each table is its own family: no correction "
+            "spans the report's tables, so a claim that reads several of them is not covered at alpha.")
 
 
 def test_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
