@@ -118,11 +118,12 @@ def _mean_diff(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(x, axis=axis) - np.mean(y, axis=axis)
 
 
-def _randomization_p(data: tuple[np.ndarray, ...], paired: bool, exact: bool, resamples: int, seed: int) -> float:
-    """Two-sided p of scipy's permutation test: twice the smaller one-sided p, at most 1."""
+def _randomization_p(data: tuple[np.ndarray, ...], paired: bool, exact: bool, resamples: int, seed: int,
+                     alternative: str = "two-sided") -> float:
+    """p of scipy's permutation test (two-sided: twice the smaller one-sided p), at most 1."""
     res = permutation_test(data, _mean if paired else _mean_diff, vectorized=True,
                            permutation_type="samples" if paired else "independent",
-                           n_resamples=np.inf if exact else resamples, alternative="two-sided",
+                           n_resamples=np.inf if exact else resamples, alternative=alternative,
                            rng=np.random.default_rng(seed))
     return min(1.0, float(res.pvalue))
 
@@ -166,13 +167,8 @@ def equivalence_p(d: Sequence[float], margin: float, resamples: int = 10000, see
     if len(x) < 2 or not margin > 0:
         raise ValueError(f"an equivalence test needs >= 2 differences and a positive margin, got {len(x)} and {margin!r}")
     exact = 2 ** len(x) <= EXACT_LIMIT
-    out = []
-    for shifted, alternative in ((x + margin, "greater"), (x - margin, "less")):
-        res = permutation_test((np.round(shifted, DECIMALS),), _mean, vectorized=True, permutation_type="samples",
-                               n_resamples=np.inf if exact else resamples, alternative=alternative,
-                               rng=np.random.default_rng(seed))
-        out.append(float(res.pvalue))
-    return min(1.0, max(out))
+    return max(_randomization_p((np.round(shifted, DECIMALS),), True, exact, resamples, seed, alternative)
+               for shifted, alternative in ((x + margin, "greater"), (x - margin, "less")))
 
 
 def unpaired_test(group: Sequence[float], baseline: Sequence[float], resamples: int = 10000, seed: int = 0) -> DiffTest:
