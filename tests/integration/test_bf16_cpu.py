@@ -60,8 +60,10 @@ EXTRA = {"vineppo": ["advantage.rollouts=2"], "srpo": ["reset_selector.max_new_t
 SIGNAL = ["rollout.truncation=penalize", "rollout.truncation_reward=-1"]
 #: IBPO moves credit only in groups with both outcomes: a completion that ends counts as correct.
 #: reward_flip flips r -> 1 - r and needs rewards in [0, 1]: truncation scores 0, and the flips
-#: (rate 0.25) are the signal.
-SIGNAL_EXTRA = {"ibpo": ["rollout.success_reward=0"], "reward_flip": ["rollout.truncation_reward=0"]}
+#: (rate 0.25) are the signal. RAFT trains only on successes (reward >= its threshold, 1 by
+#: default): a completion that ends (reward 0) counts as one.
+SIGNAL_EXTRA = {"ibpo": ["rollout.success_reward=0"], "reward_flip": ["rollout.truncation_reward=0"],
+                "raft": ["advantage.threshold=0"]}
 STEPS = 3
 
 
