@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from creditlab_arith import shipped
+from creditlab_arith import resume, shipped
 from creditlab_arith.answer import check
 from creditlab_arith.localization import ANSWERS, localization_example
 from creditlab_arith.task import ArithTask
@@ -421,6 +421,11 @@ def warm_start(
     of rows of similar length (:func:`split_by_length`) whose summed token losses are divided by
     the batch's number of target tokens: the same loss and gradient as one padded pass, with
     less padding.
+
+    With ``args["resume_path"]`` (a file) and ``args["save_every"]`` (steps), it writes a resume
+    point there every ``save_every`` steps and, when one is there at the start, carries on from
+    it (:mod:`creditlab_arith.resume`: the same weights as a run that never stopped); the caller
+    deletes the file once the build is safe. ``info["resumed_at"]`` lists the steps it resumed after.
     """
     steps, bs = int(args["steps"]), int(args["batch_size"])
     opt = torch.optim.AdamW(
@@ -438,12 +443,17 @@ def warm_start(
     order: list[int] = []
     model.train()
     start, first, ema = time.time(), float("nan"), float("nan")
-    bar = _progress(steps, name)
     target, every = args["stop_at_pass1"], int(args["validate_every"])
     head_on_targets = bool(args.get("head_on_targets", False))
     checks: list[tuple[int, float]] = []
-    next_check, stopped = every, None
-    for step in range(steps):
+    next_check, stopped, done, earlier, resumed_at = every, None, 0, 0.0, []
+    resume_path, save_every = args.get("resume_path"), int(args.get("save_every") or 0)
+    if (loop := resume.load(resume_path, model, opt, sched, gen, steps)) is not None:
+        done, order, first, ema = loop["step"], loop["order"], loop["first"], loop["ema"]
+        checks, next_check, earlier = loop["checks"], loop["next_check"], loop["seconds"]
+        resumed_at = [*loop["resumed_at"], done]
+    bar = _progress(steps, name, initial=done)
+    for step in range(done, steps):
         if len(order) < bs:
             order += torch.randperm(len(data), generator=gen).tolist()
         idx, order = order[:bs], order[bs:]
@@ -469,13 +479,19 @@ def warm_start(
                 bar(steps - 1, ema)  # closes the bar
                 break
         bar(step, ema)
+        if resume_path is not None and save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            resume.save(resume_path, model, opt, sched, gen, {
+                "steps": steps, "step": step + 1, "order": order, "first": first, "ema": ema, "checks": checks,
+                "next_check": next_check, "seconds": earlier + time.time() - start, "resumed_at": resumed_at})
     model.eval()
-    seconds = time.time() - start
+    seconds = earlier + time.time() - start
     ran = stopped or steps
     print(f"[{name}] warm start: {ran} steps in {seconds:.1f}s, loss {first:.3f} -> {ema:.3f}"
           + (f"; stopped at held-out greedy pass@1 {checks[-1][1]:.3f} >= {target}" if stopped else "")
           + (f"; never reached {target} (last check {checks[-1][1]:.3f})" if checks and not stopped else ""))
     info: dict[str, Any] = {"first_loss": first, "final_loss": ema, "seconds": seconds, "steps_run": ran}
+    if resumed_at:
+        info["resumed_at"] = resumed_at
     if validate is not None:
         info["validation"] = checks
     return info
@@ -507,14 +523,15 @@ def _summed_loss(model: Any, part: list[tuple[list[int], int, float]], pad_id: i
     return (per_token * weights).sum()
 
 
-def _progress(total: int, name: str = "arith_tiny") -> Any:
-    """A callable ``(step, loss)`` that updates a progress bar (tqdm) or prints now and then."""
+def _progress(total: int, name: str = "arith_tiny", initial: int = 0) -> Any:
+    """A callable ``(step, loss)`` that updates a progress bar (tqdm) or prints now and then;
+    ``initial`` steps are already done (a resumed warm start)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm ships with transformers
         tqdm = None
     if tqdm is not None:
-        bar = tqdm(total=total, desc=f"{name} warm start", leave=False, mininterval=1.0)
+        bar = tqdm(total=total, initial=initial, desc=f"{name} warm start", leave=False, mininterval=1.0)
 
         def update(step: int, loss: float) -> None:
             bar.update(1)

@@ -60,16 +60,18 @@ DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 256,
     "precision": "bf16-mixed",
     "shipped": True,
+    "save_every": 10,
 }
-#: Arguments that change how fast a build runs or where it comes from, not what it is.
-_NOT_IN_KEY = ("threads", "shipped")
+#: Arguments that change how fast a build runs, where it comes from or how it survives a kill, not
+#: what it is.
+_NOT_IN_KEY = ("threads", "shipped", "save_every")
 
 
 def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     """Merge ``args`` over :data:`DEFAULTS`, validating them (ValueError naming the bad key)."""
     out = merge_args("smollm2_135m_word_problems", DEFAULTS, args)
     out["base"] = convert.resolve_args(out["base"])
-    for key in ("r", "epochs", "batch_size", "validation_problems", "max_new_tokens", "threads"):
+    for key in ("r", "epochs", "batch_size", "validation_problems", "max_new_tokens", "threads", "save_every"):
         if isinstance(out[key], bool) or not (isinstance(out[key], int) and out[key] > 0):
             raise ValueError(f"smollm2_135m_word_problems: {key} must be a positive integer, got {out[key]!r}")
     if out["max_ops"] not in (1, 2, 3):
@@ -102,15 +104,25 @@ def build(args: Mapping[str, Any] | None = None) -> str:
             raise ValueError(
                 f"smollm2_135m_word_problems: no adapter ships for these arguments (cache key {final.name}; "
                 f"shipped: {sorted(shipped.manifest(SHIPPED))}). '+model.recipe_args={{shipped: false}}' builds "
-                f"it on this CPU (about 2 hours on 2 cores; a rebuild differs by CPU)")
+                f"it on this CPU (about 2 hours on 2 cores, resumed where it stopped if killed; a rebuild differs by CPU)")
         return build_cached(final, lambda tmp: _merge(base, adapter, tmp, {"adapter": "shipped", "key": final.name}))
 
+    # a build killed part-way carries on from here when run again (creditlab_arith.resume)
+    point = resume_point(final)
+
     def train_and_merge(tmp: Path) -> dict[str, Any]:
-        info = _train(resolved, base, tmp / "adapter")
+        info = _train(resolved, base, tmp / "adapter", point)
         (tmp / "adapter" / "creditlab_recipe.json").write_text(json.dumps(info, indent=2, sort_keys=True))
         return _merge(base, tmp / "adapter", tmp, info)
 
-    return build_cached(final, train_and_merge)
+    out = build_cached(final, train_and_merge)
+    point.unlink(missing_ok=True)
+    return out
+
+
+def resume_point(final: Path) -> Path:
+    """Where a build of the cache folder ``final`` keeps its resume point while it runs."""
+    return final.parent / f".{final.name}.resume.pt"
 
 
 def _merge(base: str, adapter: Path, out_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -149,8 +161,9 @@ def _merge(base: str, adapter: Path, out_dir: Path, info: dict[str, Any]) -> dic
     return {**info, "merged_modules": merged, "merged_weights_sha256": digest.hexdigest(), "adapter_dir": str(adapter)}
 
 
-def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
-    """LoRA warm start on the task's training solutions; saves the adapter in ``out_dir``."""
+def _train(args: dict[str, Any], base: str, out_dir: Path, point: Path | None = None) -> dict[str, Any]:
+    """LoRA warm start on the task's training solutions; saves the adapter in ``out_dir``. With
+    ``point``, a resume point every ``save_every`` steps, and it resumes from one found there."""
     import torch
     from creditlab import encode_prompt
     from creditlab_wordproblems.task import WordProblemsTask
@@ -183,7 +196,8 @@ def _train(args: dict[str, Any], base: str, out_dir: Path) -> dict[str, Any]:
         def validate() -> float:
             return greedy_accuracy(model, tokenizer, held, args["max_new_tokens"], encode)
 
-        schedule = {**args, "steps": steps, "stop_at_pass1": None, "validate_every": steps, "head_on_targets": True}
+        schedule = {**args, "steps": steps, "stop_at_pass1": None, "validate_every": steps, "head_on_targets": True,
+                    "resume_path": point}
         # cache_enabled=False: autocast caches its bf16 copies of the weights for as long as the
         # context lasts, and the context spans every optimizer step here: the forward would see
         # the first step's adapter for ever (measured: the loss did not move in 170 steps)
