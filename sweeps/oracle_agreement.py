@@ -13,7 +13,8 @@ per line (``none``: the line claims nothing to check), one row per solution in
 ``to_read.jsonl``'s order, judging each line as a careful teacher
 would: is it a right step toward this problem's answer, given the lines before it?
 
-``compare`` reports, per solution, whether the first wrong line agrees (the oracle's use: the
+``compare`` judges the same lines again with the oracle as it is now (``oracle.jsonl`` is what
+it said at ``prepare``) and reports, per solution, whether the first wrong line agrees (the oracle's use: the
 first wrong step of a failed chain), and per line, up to the first line either reader calls wrong
 (after it, every later line inherits the error and "right" is ill-defined), a 2 x 2 table of
 wrong / not wrong with Cohen's kappa; then every disagreement with both readings.
@@ -47,13 +48,9 @@ def prepare(records: Path, steps: int, out: Path, split: str) -> None:
         lines = [t for t in row["greedy"]["text"].splitlines() if t.strip()]
         if not lines:
             continue
-        gold = tuple(GoldStep(e, Fraction(v)) for e, v in problem.metadata["steps"])
-        judged = judge(problem.metadata["problem"], gold, to_number(problem.answer), lines)
         to_read.append({"id": row["id"], "problem": problem.metadata["problem"], "answer": problem.answer,
                         "lines": lines})
-        verdicts.append({"id": row["id"], "correct": row["greedy"]["correct"],
-                         "labels": ["wrong" if v.wrong else "ok" for v in judged],
-                         "why": [v.why for v in judged], "detail": [v.detail for v in judged]})
+        verdicts.append({"id": row["id"], "correct": row["greedy"]["correct"], **_verdicts(problem, lines)})
         total += len(lines)
         if total >= steps:
             break
@@ -62,13 +59,25 @@ def prepare(records: Path, steps: int, out: Path, split: str) -> None:
     print(f"{len(to_read)} solutions, {total} lines: {out / 'to_read.jsonl'} (for the reader), {out / 'oracle.jsonl'}")
 
 
+def _verdicts(problem, lines: list[str]) -> dict[str, list[str]]:
+    """The oracle's labels (``ok`` / ``wrong``), reasons and details for a solution's lines."""
+    gold = tuple(GoldStep(e, Fraction(v)) for e, v in problem.metadata["steps"])
+    judged = judge(problem.metadata["problem"], gold, to_number(problem.answer), lines)
+    return {"labels": ["wrong" if v.wrong else "ok" for v in judged],
+            "why": [v.why for v in judged], "detail": [v.detail for v in judged]}
+
+
 def _first(labels: list[str]) -> int | None:
     return next((i for i, label in enumerate(labels) if label == "wrong"), None)
 
 
-def compare(folder: Path) -> str:
-    oracle, reading, texts = ([json.loads(line) for line in (folder / name).read_text().splitlines()]
-                              for name in ("oracle.jsonl", "reading.jsonl", "to_read.jsonl"))
+def compare(folder: Path, split: str = "gsm8k_test") -> str:
+    """The agreement report of ``folder``'s reading with the oracle as it reads the same lines
+    now (so a changed oracle is measured against the same reading)."""
+    reading, texts = ([json.loads(line) for line in (folder / name).read_text().splitlines()]
+                      for name in ("reading.jsonl", "to_read.jsonl"))
+    problems = _problems(split)
+    oracle = [{"id": t["id"], **_verdicts(problems[t["id"]], t["lines"])} for t in texts]
     if [r["id"] for r in reading] != [r["id"] for r in oracle]:
         raise SystemExit("reading.jsonl must hold one row per solution of to_read.jsonl, in its order")
     first_agree, table, disagreements, lines = 0, {(a, b): 0 for a in (0, 1) for b in (0, 1)}, [], 0
@@ -114,11 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--out", type=Path, default=Path("oracle_study"))
     c = sub.add_parser("compare")
     c.add_argument("folder", type=Path)
+    c.add_argument("--split", default="gsm8k_test")
     args = p.parse_args(argv)
     if args.command == "prepare":
         prepare(args.records, args.steps, args.out, args.split)
     else:
-        report = compare(args.folder)
+        report = compare(args.folder, args.split)
         (args.folder / "agreement.md").write_text(report + "\n")
         print(report)
 

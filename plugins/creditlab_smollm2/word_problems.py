@@ -170,6 +170,10 @@ def _train(args: dict[str, Any], base: str, out_dir: Path, point: Path | None = 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from creditlab_arith.shipped import sha256
+    from creditlab_wordproblems.task import DATA
+
+    data_sha256 = sha256(DATA / "train.jsonl")  # the file as read now, not as it is hours later
     problems = list(WordProblemsTask(WordProblemsTask.Config(max_ops=args["max_ops"])).load("train"))
     n_val = args["validation_problems"]
     train, held = problems[:-n_val], problems[-n_val:]
@@ -208,11 +212,8 @@ def _train(args: dict[str, Any], base: str, out_dir: Path, point: Path | None = 
         info["validation_greedy_accuracy"] = validate()
     finally:
         torch.set_num_threads(old_threads)
-    from creditlab_arith.shipped import sha256
-    from creditlab_wordproblems.task import DATA
-
     return {"recipe": "smollm2_135m_word_problems", "version": RECIPE_VERSION, "base": base, "args": args,
-            "train_data_sha256": sha256(DATA / "train.jsonl"),
+            "train_data_sha256": data_sha256,
             "train_problems": len(data), "validation_problems": n_val, "steps": steps,
             "seconds": round(time.time() - began), **info}
 

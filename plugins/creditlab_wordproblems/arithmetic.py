@@ -89,9 +89,14 @@ def evaluate(expr: str, ops: list[tuple[str, Fraction]] | None = None) -> Fracti
 
 
 def matches(exact: Fraction, stated: str, value: Fraction) -> bool:
-    """``stated`` (whose value is ``value``) writes ``exact``: equal, or ``exact`` rounded to the
-    decimals ``stated`` shows (``10/3`` as ``3.33``); a fraction ``a/b`` must be equal."""
+    """``stated`` (whose value is ``value``) writes ``exact``: equal, or ``exact`` rounded or cut
+    to the decimals ``stated`` shows (``10/3`` as ``3.33``, ``100/7`` as ``14.28`` or ``14.29``);
+    a fraction ``a/b`` must be equal."""
     if "/" in stated:
         return exact == value
     decimals = len(stated.replace(",", "").partition(".")[2])
-    return abs(exact - value) <= Fraction(1, 2 * 10**decimals) if decimals else exact == value
+    if not decimals:
+        return exact == value
+    scale = 10**decimals
+    cut = Fraction(int(exact * scale), scale)  # int() cuts toward zero
+    return abs(exact - value) <= Fraction(1, 2 * scale) or cut == value

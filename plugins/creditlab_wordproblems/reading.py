@@ -8,6 +8,11 @@ and a computation is *right* when some reading of its left side, the whole or a 
 the stated number: ``40 students x $6/day = $240`` reads ``40 x 6``. Only when no reading gives
 the stated number is it *wrong*. Algebra (``100 = 5A``, ``2/3 * x = 12``) and lone numbers are
 not computations. Money signs and thousands separators are ignored.
+
+A percentage (``25%``, ``20 %``) is one number with two readings, a fraction (``4 * 25% = 1``,
+``100% - 40% = 60%``) and the number written (``3/21 * 100% = 14.28``, ``5/20*100 = 25%``):
+solutions use both, so a computation is right when either gives the stated number (a stated
+percentage, too, may be the number or the fraction), and wrong only when neither does.
 """
 
 from __future__ import annotations
@@ -20,12 +25,31 @@ from creditlab_wordproblems.arithmetic import NUM, evaluate, matches, to_number
 
 #: Tokens with their positions: clock times (``6:00``, not arithmetic), mixed numbers (``1 1/2``),
 #: numbers, words, operators, ``=``, any other character.
-_TOKEN = re.compile(rf"(?P<other>\d{{1,2}}:\d\d)|(?P<mixed>\d+ \d+/\d+)(?![\d/])|(?P<num>{NUM})|(?P<word>[A-Za-z]+(?:['’-][A-Za-z]+)*)|(?P<op>[-–−+*/×÷()])"
+_TOKEN = re.compile(rf"(?P<other>\d{{1,2}}:\d\d)|(?P<mixed>\d+ \d+/\d+)(?![\d/])|(?P<num>(?:{NUM})(?:\s?%)?)|(?P<word>[A-Za-z]+(?:['’-][A-Za-z]+)*)|(?P<op>[-–−+*/×÷()])"
                     rf"|(?P<eq>=)|(?P<rest>\S)")
 #: Words read as units when they sit between numbers and operators (at most this many in a row).
 _MAX_UNIT_WORDS = 4
 #: Most numbers and operators read before one ``=`` (longer runs are not solution arithmetic).
 _MAX_ITEMS = 120
+_PERCENT = re.compile(r"((?:\d[\d,]*)?(?:\.\d+)?)%")
+
+
+def _number(token: str) -> Fraction | None:
+    """A number token's value as written (``25%`` is 25)."""
+    return to_number(token.rstrip("%"))
+
+
+def _values(expr: str, ops: list[tuple[str, Fraction]] | None = None) -> list[Fraction]:
+    """``expr``'s values: one, or two when it holds a percentage (as a fraction, then as the
+    number written). Raises ValueError as :func:`evaluate`."""
+    if "%" not in expr:
+        return [evaluate(expr, ops)]
+    out = [evaluate(_PERCENT.sub(r"(\1/100)", expr), ops)]
+    try:
+        out.append(evaluate(expr.replace("%", "")))
+    except ValueError:
+        pass
+    return out
 
 
 @dataclass(frozen=True)
@@ -40,6 +64,8 @@ class Computation:
         right: Some reading of the left side gives ``stated`` (to its decimals).
         inner: The values of the operations inside ``expr`` and the parts of a stated fraction
             (``8 * 2 + 4 * 5 = 16 + 20 = 36`` may go on with 16 and 20).
+        percents: The operands written as percentages (``25%`` is the operand 25 here), and the
+            stated number when it is one: either reading of them is theirs.
     """
 
     expr: str
@@ -48,6 +74,7 @@ class Computation:
     operands: tuple[Fraction, ...]
     right: bool
     inner: frozenset[Fraction] = frozenset()
+    percents: frozenset[Fraction] = frozenset()
 
 
 def _tokens(text: str) -> list[tuple[str, str, int, int]]:
@@ -65,7 +92,7 @@ def _tokens(text: str) -> list[tuple[str, str, int, int]]:
                     ("op", "/", m.start(), m.start()), ("num", bottom, m.start(), m.end()),
                     ("op", ")", m.end(), m.end())]
         else:
-            raw.append((m.lastgroup, m.group(0), m.start(), m.end()))
+            raw.append((m.lastgroup, m.group(0).replace(" ", ""), m.start(), m.end()))
     out = []
     for i, (kind, tok, start, end) in enumerate(raw):
         if kind == "word" and tok in ("x", "X"):
@@ -89,9 +116,11 @@ def _stated(tokens, i: int, text: str) -> tuple[str, Fraction] | None:
     glued = re.match(r"[A-Za-z]+", text[end:])
     if glued and len(glued.group(0)) == 1 and glued.group(0) not in "gmsh":
         return None  # algebra: 5A, 2p, 3x (a glued unit, 60g, 5m, is a value)
-    value = to_number(tok)
+    value = _number(tok)
     if value is None:
         return None
+    if tok.endswith("%"):
+        return tok, value
     if (i + 3 < len(tokens) and tokens[i + 2][1] == "/" and tokens[i + 3][0] == "num"
             and tokens[i + 2][2] == end and tokens[i + 3][2] == tokens[i + 2][3]):
         denominator = to_number(tokens[i + 3][1])
@@ -121,7 +150,7 @@ def _chained(tokens, i: int) -> tuple[str, Fraction] | None:
         return None
     expr = " ".join(t for _, t in items)
     try:
-        return expr, evaluate(expr)
+        return expr, _values(expr)[0]
     except ValueError:
         return None
 
@@ -147,7 +176,11 @@ def _left(tokens, i: int) -> list[tuple[str, str]]:
     j, words = i - 1, 0
     while j >= 0 and len(items) < _MAX_ITEMS:
         kind, tok = tokens[j][0], tokens[j][1]
-        if kind in ("num", "op"):
+        if kind == "num" and tok.endswith("%") and j > 1 and tokens[j - 1][1] == "/" \
+                and tokens[j - 2][0] == "word" and words < _MAX_UNIT_WORDS:
+            words += 1  # "3 degrees/5% increase": a unit, per 5% increase
+            j -= 1
+        elif kind in ("num", "op"):
             items.append((kind, tok))
             words = 0
         elif kind == "word" and _variable(tokens, j):
@@ -183,16 +216,18 @@ def _agrees(value: Fraction, stated: tuple[str, Fraction], chained: bool) -> boo
     """A left side's ``value`` is what the right side states: to its decimals; for a chain, the
     whole right side or its first number (the running value: ``12 * 2 = 24 - 4 = 20``)."""
     text, right = stated
+    if not chained and text.endswith("%"):  # 5/20*100 = 25% and 1 - 20% = 80% are both right
+        return matches(value, text[:-1], right) or matches(value * 100, text[:-1], right)
     if not chained:
         return matches(value, text, right)
-    return value == right or value == to_number(text.split()[0].strip("()") or "x")
+    return value == right or value == _number(text.split()[0].strip("()") or "x")
 
 
 def _parts(expr: str) -> set[Fraction]:
     """The values of the operations inside ``expr`` (its last one aside) and its numbers."""
     ops: list[tuple[str, Fraction]] = []
-    evaluate(expr, ops)
-    numbers = {to_number(t) for t in re.split(r"[\s()+*/-]+", expr) if t}
+    _values(expr, ops)
+    numbers = {_number(t) for t in re.split(r"[\s()+*/-]+", expr) if t}
     return {v for _, v in ops[:-1]} | {n for n in numbers if n is not None}
 
 
@@ -212,16 +247,21 @@ def computations(thought: str) -> list[Computation]:
         for part in _readings(_left(tokens, i)):
             expr = " ".join(t for _, t in part)
             try:
-                valid.append((expr, evaluate(expr), part))
+                valid.append((expr, _values(expr), part))
             except ValueError:
                 continue
         if not valid:
             continue
-        hit = next((v for v in valid if _agrees(v[1], stated, chained is not None)), None)
+        hit = next((v for v in valid if any(_agrees(x, stated, chained is not None) for x in v[1])), None)
         expr, _, part = hit or valid[0]
-        operands = tuple(to_number(t) for k, t in part if k == "num")
+        operands = tuple(_number(t) for k, t in part if k == "num")
         inner = _parts(expr) | (_parts(stated[0]) if chained else set())
         if not chained and "/" in stated[0]:  # a stated fraction's numerator and denominator
             inner |= {to_number(t) for t in stated[0].split("/")}
-        found.append(Computation(expr, stated[0], stated[1], operands, hit is not None, frozenset(inner)))
+        percents = {_number(t) for k, t in part if k == "num" and t.endswith("%")}
+        if not chained and stated[0].endswith("%"):  # = 80% may go on as 0.8
+            inner |= {stated[1] / 100}
+            percents.add(stated[1])
+        found.append(Computation(expr, stated[0], stated[1], operands, hit is not None, frozenset(inner),
+                                 frozenset(percents)))
     return found

@@ -14,15 +14,22 @@ number) is never wrong on its own.
 **When a step is wrong** (the rule the oracle applies, thought by thought, in order):
 
 1. *Arithmetic.* A computation no reading of which gives the number stated after ``=``, allowing
-   the rounding of the stated number's decimals (``10/3 = 3.33`` is right, ``10/3 = 3.4`` is not).
+   the rounding or cutting of the stated number's decimals (``10/3 = 3.33`` is right,
+   ``10/3 = 3.4`` is not); a percentage reads as the fraction or as the number written
+   (``4 * 25% = 1`` and ``3/21 * 100% = 14.28`` are right, ``4 * 25% = 9`` is not).
 2. *A wrong value.* A computation with an operand that is none of: a number of the question
    (digits, fractions, number words, ``half``/``twice``/``dozen``, a percentage also as the
    fraction, one minus it and one plus it), a number the gold steps use or produce, ``0``, ``1``
-   or ``100``, or a value (or a part of one) that a right earlier computation produced.
+   or ``100``, or a value (or a part of one) that a right earlier computation produced; an
+   operand written as a percentage is known when either its number or its fraction is.
 3. *Off the path.* A thought with a computation whose value is neither a gold value nor the
    answer, unless a later right computation builds on that value and lands on a gold value or the
    answer (another order of the same solution: ``4 + 5 = 9`` then ``9 + 3 = 12`` where the gold
-   steps are ``3 + 4 = 7``, ``7 + 5 = 12``).
+   steps are ``3 + 4 = 7``, ``7 + 5 = 12``). A percentage is on the path as the number or as
+   the fraction (``100% - 20% = 80%`` where the gold steps use 0.8); a value that rounds or cuts
+   to a whole answer (``3/21 * 100% = 14.28`` for 14) and a computation that states a
+   percentage (``100% - 40% = 60%``: a rate, often used in words or algebra next) are not held
+   to the path.
 4. *The answer.* When no thought is wrong by 1-3 but the final answer (read as the ``gsm8k``
    verifier reads it: after ``####``, else the last ``\\boxed{}``, else the last number) is not
    the gold answer, the thought that states it is wrong (the last
@@ -99,7 +106,7 @@ def solution_steps(solution: str) -> tuple[GoldStep, ...]:
     seen = {(s.expr, s.value) for s in steps}
     for line in strip_annotations(solution).splitlines():
         for comp in computations(line):
-            if not comp.right:
+            if not comp.right or "%" in comp.expr:  # a percentage operand: two readings, no one gold value
                 continue
             ops: list[tuple[str, Fraction]] = []
             evaluate(comp.expr, ops)
@@ -186,15 +193,17 @@ def judge(question: str, gold: Sequence[GoldStep], answer: Fraction,
             if not comp.right:
                 verdict = Verdict(True, "arithmetic", f"{comp.expr} = {comp.stated}")
                 break
-            unknown = [o for o in comp.operands if o not in known]
+            unknown = [o for o in comp.operands if not _either(o, comp.percents) & known]
             if unknown:
                 verdict = Verdict(True, "value", f"{comp.expr}: {fmt(unknown[0])} is not a known value")
                 break
             known |= comp.inner | {comp.value}
-            if comp.value in on_path:
-                _reconnect(detours, comp.operands)
+            if _either(comp.value, comp.percents) & on_path or _rounds_to(comp.value, answer) \
+                    or comp.stated.endswith("%"):  # a stated rate is not held to the path
+                _reconnect(detours, comp.operands, comp.percents)
             else:
-                detours.setdefault(comp.value, (index, comp.operands))
+                for value in _either(comp.value, comp.percents):  # a detour that either reading ends
+                    detours.setdefault(value, (index, comp.operands))
         verdicts.append(verdict)
     for value, (index, _) in detours.items():
         if not verdicts[index].wrong:
@@ -209,13 +218,27 @@ def judge(question: str, gold: Sequence[GoldStep], answer: Fraction,
     return verdicts
 
 
-def _reconnect(detours: dict[Fraction, tuple[int, tuple[Fraction, ...]]], operands) -> None:
-    """Drop the detours that ``operands`` build on (and the detours those build on)."""
-    stack = [o for o in operands if o in detours]
+def _rounds_to(value: Fraction, answer: Fraction) -> bool:
+    """``value`` is a whole ``answer`` left unrounded (``14.28`` for 14, rounded or cut)."""
+    return answer.denominator == 1 and value.denominator != 1 and answer in (round(value), int(value))
+
+
+def _either(value: Fraction, percents: frozenset[Fraction]) -> set[Fraction]:
+    """``value``'s readings: itself, and as a fraction when it was written as a percentage."""
+    return {value, value / 100} if value in percents else {value}
+
+
+def _reconnect(detours: dict[Fraction, tuple[int, tuple[Fraction, ...]]], operands,
+               percents: frozenset[Fraction] = frozenset()) -> None:
+    """Drop the detours that ``operands`` build on (and the detours those build on), and the other
+    reading of a percentage's detour with it."""
+    stack = [r for o in operands for r in _either(o, percents) if r in detours]
     while stack:
         value = stack.pop()
         if value in detours:
-            stack += [o for o in detours.pop(value)[1] if o in detours]
+            index, built_on = detours.pop(value)
+            stack += [v for v in (value * 100, value / 100) if v in detours and detours[v][0] == index]
+            stack += [o for o in built_on if o in detours]
 
 
 def first_wrong_step(question: str, gold: Sequence[GoldStep], answer: Fraction,

@@ -3,7 +3,7 @@ oracle (``data/README.md`` says where they come from, their licences and what wa
 
 Splits (``load(split)``):
 
-- ``train``: GSM8K's train problems with 1-3 gold steps (4,609 after deduplication);
+- ``train``: GSM8K's train problems with 1-3 gold steps (4,612 after deduplication);
 - ``test``: the held-out set named by ``test_set``: ``gsm8k_test`` (GSM8K's test problems, the same
   filter) or ``svamp`` (SVAMP, another source and other phrasings; never trained on);
 - ``gsm8k_test`` and ``svamp`` by name, whatever ``test_set`` is.

@@ -34,3 +34,21 @@ def test_prepare_then_compare_by_hand(tmp_path):
     assert "first wrong line agrees: 1/2" in report and "lines: agree 4/5" in report
     assert "oracle wrong & reader wrong 1, oracle wrong & reader not 0, oracle not & reader wrong 1, both not 3" in report
     assert "- gsm8k-test-1: oracle None (-), reader 2; answer 18" in report
+
+
+def test_the_recorded_study_gives_the_cards_figures():
+    """docs/oracle_study (203 lines of the one-epoch adapter's GSM8K-test solutions and a reading
+    of them by hand): the oracle as it is now agrees as docs/real-problems.md says. A change to the
+    oracle that moves these numbers must update the card."""
+    from pathlib import Path
+
+    study = load_script("sweeps/oracle_agreement.py")
+    folder = Path(__file__).resolve().parents[2] / "docs" / "oracle_study"
+    texts = [json.loads(line) for line in (folder / "to_read.jsonl").read_text().splitlines()]
+    assert sum(len(t["lines"]) for t in texts) >= 200
+    report = study.compare(folder)
+    assert "52 solutions, 63 lines compared" in report
+    assert "first wrong line agrees: 44/52 (0.85)" in report
+    assert "lines: agree 55/63 (0.87), Cohen's kappa 0.65" in report
+    card = (folder.parents[0] / "real-problems.md").read_text()
+    assert "44 of 52" in card and "0.65" in card

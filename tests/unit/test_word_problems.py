@@ -132,6 +132,36 @@ def test_the_oracle_rule_by_hand():
     assert final_answer("The answer is -72") == -72 and final_answer("it is \\boxed{7} ok, 9") == 7
 
 
+def test_percentages_by_hand():
+    """A percentage reads as the fraction or as the number written (two readings); slips the hand
+    reading of SmolLM2's solutions found (``4*25% = 9``, ``100*30% = $300``) are arithmetic."""
+    def one(text):
+        (comp,) = computations(text)
+        return comp.right, comp.value
+
+    assert one("Mike scored 4*25% = 9 points.") == (False, 9)
+    assert one("The groomer will pay 100*30% = $300") == (False, 300)
+    assert one("he pays 80 * 25% = 20 dollars") == (True, 20)           # the fraction
+    assert one("3 bobby pins / 21 decorations * 100% = 14.28") == (True, Fraction(1428, 100))  # the number, cut
+    assert one("100% - 20 % = 80% of the price") == (True, 80)          # a stated percentage: either
+    assert one("1 - 20% = 80%")[0] and not one("1 - 20% = 70%")[0]
+    assert one("24 degrees / 3 degrees/5% increase = 8") == (True, 8)   # "per 5% increase" is a unit
+    assert one("If 45% were for Biff + 8% were undecided = 53% were not") == (True, 53)  # words as units
+    # on the path either way; a stated rate is not held to it; a whole answer left unrounded
+    ok = (False, "")
+    shoes = "Lyra paid $480 for shoes at a 20% discount. What was the original price?"
+    gold = "480/.8 = <<480/.8=600>>600\n#### 600"
+    assert _verdicts(["100% - 20% = 80% of the price.", "480 / 0.8 = 600", "#### 600"], shoes, gold, 600) == [ok] * 3
+    assert _verdicts(["100% - 20% = 80% of the price.", "480 / 0.8 = 500", "#### 500"], shoes, gold, 600)[1] == \
+        (True, "arithmetic")
+    pins = "She has 6 barrettes, 12 scrunchies and 3 bobby pins. What percent are bobby pins, rounded down?"
+    assert _verdicts(["3 / 21 * 100% = 14.28", "#### 14"], pins, "6+12+3 = <<6+12+3=21>>21\n#### 14", 14) == [ok] * 2
+    # an operand written as a percentage is known as its number or its fraction
+    half = "Half of the 40 candies had nuts. How many did they eat if they ate half of those?"
+    assert _verdicts(["50% x 40 = 20", "20 / 2 = 10", "#### 10"], half,
+                     "40/2 = <<40/2=20>>20\n20/2 = <<20/2=10>>10\n#### 10", 10) == [ok] * 3
+
+
 def test_the_shipped_data():
     rows = {name: [json.loads(line) for line in (DATA / f"{name}.jsonl").read_text().splitlines()]
             for name in ("train", "gsm8k_test", "svamp")}
@@ -185,7 +215,7 @@ def test_the_task_splits_oracles_and_errors(tmp_path):
     assert p.answer == "72" and "Problem: " + NATALIA in p.prompt and p.metadata["problem"] == NATALIA
     assert p.oracle(["48/2 = 24", "48+24 = 72", "#### 72"]) is None and p.oracle(["48/2 = 20", "#### 68"]) == 0
     one_step = WordProblemsTask(WordProblemsTask.Config(max_ops=1)).load("train")
-    assert len(one_step) == 372 and all(q.metadata["ops"] == 1 for q in one_step)
+    assert len(one_step) == 373 and all(q.metadata["ops"] == 1 for q in one_step)
     for cfg, message in (({"test_set": "asdiv"}, "test_set must be one of gsm8k_test, svamp"),
                          ({"max_ops": 4}, "max_ops must be 1, 2 or 3")):
         with pytest.raises(ConfigError, match=message):
