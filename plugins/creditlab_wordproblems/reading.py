@@ -31,7 +31,7 @@ _TOKEN = re.compile(rf"(?P<other>\d{{1,2}}:\d\d)|(?P<mixed>\d+ \d+/\d+)(?![\d/])
 _MAX_UNIT_WORDS = 4
 #: Most numbers and operators read before one ``=`` (longer runs are not solution arithmetic).
 _MAX_ITEMS = 120
-_PERCENT = re.compile(r"((?:\d[\d,]*)?(?:\.\d+)?)%")
+_PERCENT = re.compile(rf"({NUM})%")
 
 
 def _number(token: str) -> Fraction | None:
