@@ -182,3 +182,14 @@ def test_the_real_problem_experiment_trains_the_shipped_warm_start_on_real_probl
     assert (cfg.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens) == (8, 8, 192)
     assert (cfg.eval.every, cfg.eval.problems, cfg.eval.samples, cfg.trainer.max_steps) == (10, 300, 4, 60)
     assert cfg.method == method
+    assert cfg.rollout.delimiter == "\n"  # thought spans are lines for every part that reads them
+
+
+@pytest.mark.parametrize("control", ["oracle_credit", "sham_credit", "anti_credit"])
+def test_the_credit_controls_read_lines_on_the_real_problem_experiment(control):
+    """The controls' thought spans come from ``advantage.delimiter``: on word problems they must be
+    the lines the newline segmenter and the step oracle read, or a solution is one thought and
+    oracle_credit silently equals GRPO (it did, before the experiment set the delimiter)."""
+    cfg = compose(["experiment=smollm2_word_problems_grpo", f"method={control}"])
+    validate(cfg)
+    assert cfg.advantage.name == control and cfg.advantage.delimiter == "\n"

@@ -167,3 +167,42 @@ def test_reward_flip_refuses_rewards_outside_0_1_and_rates_from_half() -> None:
         RewardFlipAdvantage().estimate(b, FakePolicyHandle())
     with pytest.raises(ConfigError, match="0.5"):
         RewardFlipAdvantage.Config(rate=0.5)
+
+
+def test_oracle_credit_on_a_real_word_problem_blames_from_its_first_wrong_line() -> None:
+    """The word-problem task's own oracle (GSM8K's gold steps) through oracle_credit with lines as
+    thoughts (``delimiter="\\n"``, experiment=smollm2_word_problems_grpo): the wrong chain's first
+    line is right (48/2 = 24), its second is an arithmetic slip, so only the first line's tokens
+    lose their blame; with ``</thought>`` the whole solution would be one thought and nothing would."""
+    import functools
+    import string
+
+    from creditlab_wordproblems.arithmetic import to_number
+    from creditlab_wordproblems.steps import first_wrong_step, gsm8k_steps
+
+    tok = char_tokenizer(string.ascii_letters + string.digits + " .,$*/+-=#\n")
+    question = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in "
+                "May. How many clips did Natalia sell altogether in April and May?")
+    gold = gsm8k_steps("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                       "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+    oracle = functools.partial(first_wrong_step, question, gold, to_number("72"))
+    right = "She sold 48/2 = 24 in May.\nSo 48+24 = 72 in all.\n#### 72"
+    wrong = "She sold 48/2 = 24 in May.\nSo 48+24 = 73 in all.\n#### 73"
+    assert oracle(right.split("\n")) is None and oracle([line + "\n" for line in wrong.split("\n")]) == 1
+
+    def row(text: str, reward: float) -> Trajectory:
+        ids = tuple(tok.encode(text, add_special_tokens=False))
+        comp = Completion((5,), ids, tuple(-0.1 for _ in ids), "stop", text)
+        return Trajectory(Problem("natalia", question, "72", oracle=oracle), comp, reward, 0)
+
+    b = collate([row(right, 1.0), row(right, 1.0), row(wrong, 0.0), row(wrong, 0.0)], tok.pad_token_id)
+    handle = FakePolicyHandle(tokenizer=tok, seed=0)
+    lines = OracleCreditAdvantage(OracleCreditAdvantage.Config(delimiter="\n")).estimate(b, handle)
+    grpo = GRPOAdvantage().estimate(b).values
+    first = len("She sold 48/2 = 24 in May.\n")  # the right line's tokens, one a character
+    n = len(wrong)
+    assert lines.values[2, :first].tolist() == [0.0] * first
+    assert lines.values[2, first:n].tolist() == pytest.approx(grpo[2, first:n].tolist())
+    assert torch.equal(lines.values[:2], grpo[:2]) and lines.metrics["no_error_rows"] == 0
+    whole = OracleCreditAdvantage(OracleCreditAdvantage.Config(delimiter=THOUGHT)).estimate(b, handle)
+    assert torch.equal(whole.values, grpo)  # one thought: the oracle's line 1 clamps to thought 0
