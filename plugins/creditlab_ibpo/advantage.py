@@ -73,8 +73,8 @@ GRANULARITIES = ("segment", "token")
 
 #: Counters summed over ``estimate`` calls; ratios are formed in :func:`_summarize`.
 _COUNTS = (
-    "groups", "zero_std_groups", "singleton_groups", "fallback_groups", "mixed_groups", "rows",
-    "abs_sum", "aligned_pairs", "weighted_rows", "weighted_tokens", "divergent_tokens",
+    "groups", "zero_std_groups", "singleton_groups", "fallback_groups", "mixed_groups",
+    "aligned_pairs", "weighted_rows", "weighted_tokens", "divergent_tokens",
     "abs_mass", "divergent_mass", "repair_requests", "repair_failures", "repair_unchanged",
     "repair_correct", "repair_tokens",
 )
@@ -113,8 +113,9 @@ def _text(traj: Trajectory, tokenizer: Any) -> str:
     return str(tokenizer.decode(list(c.response_ids), skip_special_tokens=True))
 
 
-def _summarize(c: dict[str, float], mode: str) -> dict[str, float]:
-    """Metrics from summed counters (ratios of sums, 0 when a denominator is 0)."""
+def _summarize(c: dict[str, float], mode: str, abs_mean: float) -> dict[str, float]:
+    """Metrics from summed counters (ratios of sums, 0 when a denominator is 0); ``abs_mean`` is
+    GRPO's, computed as GRPO computes it (float32), so a run at ``w_min = 1`` logs GRPO's value."""
 
     def ratio(a: float, b: float) -> float:
         return a / b if b else 0.0
@@ -124,7 +125,7 @@ def _summarize(c: dict[str, float], mode: str) -> dict[str, float]:
                                "mixed_groups", "aligned_pairs", "weighted_rows", "weighted_tokens")
     }
     out.update(
-        abs_mean=Mean(ratio(c["abs_sum"], c["rows"])),
+        abs_mean=Mean(abs_mean),
         divergent_frac=Mean(ratio(c["divergent_tokens"], c["weighted_tokens"])),
         divergent_mass_frac=Mean(ratio(c["divergent_mass"], c["abs_mass"])),
     )
@@ -223,17 +224,17 @@ class IBPOAdvantage(AdvantageEstimator):
         adv, gm = group_advantages(
             batch.rewards, batch.group_ids, cfg.std, cfg.eps, cfg.zero_std_tol
         )
+        as_grpo = adv.to(batch.loss_mask.dtype if batch.loss_mask.is_floating_point() else adv.dtype)
+        abs_mean = float(as_grpo.abs().mean()) if adv.numel() else 0.0  # GRPO's metric, as GRPO computes it
         adv = adv.to(torch.float64)
         for key in ("groups", "zero_std_groups", "singleton_groups"):
             self._add(key, gm[key])
-        self._add("rows", batch.size)
-        self._add("abs_sum", float(adv.abs().sum()))
 
         divergent, contrast, jobs = self.divergence(batch, adv)
         if jobs:
             self.repair(batch, ctx, jobs, divergent, contrast)
         values = self._weigh(batch, adv, divergent)
-        return Advantages(values=values, metrics=_summarize(self._call, cfg.mode))
+        return Advantages(values=values, metrics=_summarize(self._call, cfg.mode, abs_mean))
 
     def divergence(
         self, batch: RolloutBatch, adv: torch.Tensor
