@@ -183,6 +183,7 @@ def test_the_real_problem_experiment_trains_the_shipped_warm_start_on_real_probl
     assert (cfg.eval.every, cfg.eval.problems, cfg.eval.samples, cfg.trainer.max_steps) == (10, 300, 4, 60)
     assert cfg.method == method
     assert cfg.rollout.delimiter == "\n"  # thought spans are lines for every part that reads them
+    assert (cfg.rollout.max_thoughts, cfg.rollout.max_thought_tokens) == (8, 64)  # credit-bench fits in memory
 
 
 @pytest.mark.parametrize("control", ["oracle_credit", "sham_credit", "anti_credit"])
