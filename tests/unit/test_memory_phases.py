@@ -160,3 +160,23 @@ def test_a_plugins_estimator_states_its_memory_or_is_named_as_not_modeled(tmp_pa
         REGISTRIES["advantage"].unregister("probe_everything")
         REGISTRIES["advantage_memory"].unregister("probe_everything")
     assert estimator_parts("grpo", None, dims) == {}  # a built-in without an entry: nothing beyond the batch
+
+
+def test_credit_bench_warns_before_the_model_loads_when_its_upper_bound_does_not_fit(tmp_path, monkeypatch):
+    """A bench whose plan is over this machine's usable memory says so, with what shrinks it,
+    before anything loads (a real-model bench was killed for memory 37 minutes in, with no word);
+    one that fits says nothing."""
+    from creditlab.cli import credit_bench_command as cmd
+    from creditlab.creditbench import Bench, BenchSettings
+
+    tiny_model_and_tokenizer(tmp_path / "model")
+    bench = Bench([f"model.name_or_path={tmp_path / 'model'}", "rollout.group_size=4"],
+                  BenchSettings(prompts=3, k=4, estimators=("grpo",), selectors=("random",)))
+    monkeypatch.setattr(cmd, "available_memory", lambda accelerator: (2.0**20, "a test's 1 MiB"))
+    warning = cmd.memory_warning(bench)
+    assert warning is not None and "credit-bench truth" in warning and "--dry-run" in warning
+    assert "rollout.max_thoughts" in warning and "--prompts" in warning
+    monkeypatch.setattr(cmd, "available_memory", lambda accelerator: (2.0**50, "a test's 1 PiB"))
+    assert cmd.memory_warning(bench) is None
+    monkeypatch.setattr(cmd, "available_memory", lambda accelerator: None)
+    assert cmd.memory_warning(bench) is None  # unknown memory: nothing to compare with

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import HydraException
@@ -51,6 +53,8 @@ def credit_bench(argv: list[str]) -> None:
         bench = Bench(overrides, settings)
         if args.dry_run:
             return dry_run(bench)
+        if warning := memory_warning(bench):
+            print(warning, file=sys.stderr)
         with Progress(transient=True) as bar:
             task = bar.add_task("Monte-Carlo continuations", total=None)
             result = bench.run(lambda done, total: bar.update(task, completed=done, total=total))
@@ -62,9 +66,41 @@ def credit_bench(argv: list[str]) -> None:
     print_table(result, paths=write_report(result, args.out))
 
 
-def dry_run(bench: Any) -> None:
-    """Print the bench's phases (:func:`creditlab.run.memory.bench_plan`): its truth's
-    continuations and each estimator on every chain at once, beside the weights; no model loads."""
+def memory_warning(bench: Any) -> str | None:
+    """A warning when the plan's upper bound (:func:`plan`) exceeds this machine's usable memory,
+    naming the phases and the settings that shrink them; ``None`` when it fits or cannot be known.
+    A warning, not a refusal: real chains are usually shorter than the bound, but a bench over it
+    may be killed for memory long after it started (a real-model bench was, at 37 min)."""
+    p = plan(bench)
+    memory = p.memory
+    if memory is None:
+        return None
+    over = {k: v for k, v in p.phases.items() if v > usable(memory[0])}
+    if not over:
+        return None
+    names = ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in sorted(over.items(), key=lambda kv: -kv[1]))
+    return (f"warning: the bench may not fit in memory: its upper bound is over the {usable(memory[0]) / GIB:.1f} "
+            f"GiB usable here ({names}; every chain and continuation at its {bench.checked['rollout'].response_budget}"
+            "-token budget). See --dry-run; fewer --prompts, a smaller --k, rollout.group_size, or a smaller "
+            "rollout.max_thoughts x rollout.max_thought_tokens (line-by-line sampling) shrink it.")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The bench's memory plan: ``phases`` in bytes, the plan's ``notes``, this machine's
+    ``memory`` (``(bytes, where it was read)``, ``None`` when unknown), the longest ``prompt``
+    (text) and the model shape's ``source``."""
+
+    phases: dict[str, float]
+    notes: list[str]
+    memory: tuple[float, str] | None
+    prompt: str
+    source: str
+
+
+def plan(bench: Any) -> Plan:
+    """The bench's phases (:func:`creditlab.run.memory.bench_plan`): its truth's continuations
+    and each estimator on every chain at once, beside the weights; no model loads."""
     checked = bench.checked
     shape, tokenizer, source = load_shape(checked["model"])
     prompt, how = prompt_tokens(bench.problems, tokenizer, checked["rollout"].chat_template)
@@ -75,13 +111,19 @@ def dry_run(bench: Any) -> None:
         estimators[name] = (est_cfg, names.get(f"{seg_cls.__module__}:{seg_cls.__qualname__}", ""), seg_cfg)
     memory = available_memory(str(OmegaConf.select(bench.cfg, "trainer.accelerator", default="cpu")))
     phases, notes = bench_plan(bench.cfg, checked, shape, prompt, len(bench.problems), estimators, memory)
-    rollout = checked["rollout"]
+    return Plan(phases, list(notes), memory, f"{prompt} {how}", source)
+
+
+def dry_run(bench: Any) -> None:
+    """Print the bench's memory plan (:func:`plan`)."""
+    p, rollout = plan(bench), bench.checked["rollout"]
+    memory = p.memory
     print(f"creditlab credit-bench --dry-run: {len(bench.problems)} prompts x {rollout.group_size} chains, "
-          f"prompt <= {prompt} {how}, response <= {rollout.response_budget} tokens; shape: {source}")
-    for phase, value in sorted(phases.items(), key=lambda kv: -kv[1]):
+          f"prompt <= {p.prompt}, response <= {rollout.response_budget} tokens; shape: {p.source}")
+    for phase, value in sorted(p.phases.items(), key=lambda kv: -kv[1]):
         over = memory is not None and value > usable(memory[0])
         print(f"  {phase:<34} {value / GIB:9.3f} GiB" + ("  (does not fit this machine)" if over else ""))
-    for note in notes:
+    for note in p.notes:
         print(f"note: {note}")
     print(f"note: an upper bound: every chain and continuation at its response budget ({rollout.response_budget} "
           "tokens), every state and answer distinct; real chains are usually much shorter")
