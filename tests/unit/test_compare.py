@@ -117,6 +117,21 @@ def test_sign_flip_with_five_pairs():
     assert significance.paired_test([1.0] * 5, [0.0] * 5).p_value == pytest.approx(0.0625)
 
 
+def test_a_collapse_mode_with_mean_zero_reads_greater_whenever_no_seed_draws_it():
+    """docs/comparing.md, 'What "greater" means': a seed's difference is +0.25 with probability 0.8
+    and -1.0 (a collapse) with 0.2, mean 0. Over every number k of collapses among 8 seeds, the
+    sign-flip test says "greater" at 0.05 only at k = 0 (p 2/256), so with probability 0.8^8."""
+    rate = 0.0
+    for k in range(9):
+        r = significance.paired_test([0.25] * (8 - k) + [-1.0] * k, [0.0] * 8)
+        if r.p_value < 0.05 and r.diff > 0:
+            rate += math.comb(8, k) * 0.2**k * 0.8 ** (8 - k)
+        if k == 1:  # 7 x .25 and one -1: sums >= .75 in 99 + 1 of 256 patterns
+            assert r.p_value == pytest.approx(2 * 100 / 256)
+    assert rate == pytest.approx(0.8**8) and 0.16 < rate < 0.17
+    assert significance.paired_test([0.25] * 8, [0.0] * 8).t_low > 0  # the t-interval cannot see it either
+
+
 def test_sign_flip_ties_and_zero_differences():
     # a zero difference flips to itself: 2 informative pairs, p = 2 * 1/4
     r = significance.paired_test([0.71, 0.70, 0.73], [0.70] * 3)
