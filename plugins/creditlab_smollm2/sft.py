@@ -36,8 +36,9 @@ from typing import Any
 
 from creditlab_arith.localization import localization_example
 from creditlab_arith.model import (
-    build_cached, cache_root, check_task_and_stop, greedy_pass1, merge_args, sft_problems, warm_start,
+    build_cached, cache_root, check_task_and_stop, greedy_pass1, merge_args, sft_problems,
 )
+from creditlab_arith.sft_loop import warm_start
 from creditlab_arith.task import ArithTask
 from creditlab_smollm2 import convert
 

@@ -91,6 +91,7 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(capsys) -> 
     first check at or above the target ends training there and is recorded."""
     import creditlab_arith.model as recipe
     import torch
+    from creditlab_arith import sft_loop
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
@@ -105,15 +106,15 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(capsys) -> 
         seen.append(model.training)
         return next(scores)
 
-    info = recipe.warm_start(model, data, 0, args, validate)
+    info = sft_loop.warm_start(model, data, 0, args, validate)
     # 5: 0.1 < 0.25 -> next at 5 + 20; 25: 0.3 -> next at 30; 30: 0.45 -> 35; 35: 0.6 >= 0.5, stop
     assert info["validation"] == [(5, 0.1), (25, 0.3), (30, 0.45), (35, 0.6)]
     assert info["steps_run"] == 35 and seen == [True] * 4 and not model.training
     assert "stopped at held-out greedy pass@1 0.600 >= 0.5" in capsys.readouterr().out
-    never = recipe.warm_start(model, data, 0, {**args, "steps": 12}, lambda: 0.3)
+    never = sft_loop.warm_start(model, data, 0, {**args, "steps": 12}, lambda: 0.3)
     assert never["steps_run"] == 12 and never["validation"] == [(5, 0.3), (10, 0.3)]
     assert "never reached 0.5" in capsys.readouterr().out
-    assert "validation" not in recipe.warm_start(model, data, 0, {**args, "steps": 2})
+    assert "validation" not in sft_loop.warm_start(model, data, 0, {**args, "steps": 2})
     assert torch.isfinite(torch.tensor(info["final_loss"]))
 
 
@@ -200,24 +201,24 @@ def test_warm_start_split_passes_equal_one_padded_pass() -> None:
     """The warm start runs a batch as length groups; loss and gradient equal the padded batch's
     token-mean loss (HF's own loss over one padded pass)."""
     import torch
-    from creditlab_arith import model as recipe
+    from creditlab_arith import sft_loop
     from transformers import LlamaConfig, LlamaForCausalLM
 
     rows = [([1, 5, 6, 7, 8, 2], 2, 1.0), ([1, 5, 6, 2], 3, 1.0)] * 3 + [([1] + list(range(5, 25)) + [2], 15, 1.0)] * 2
-    parts = recipe.split_by_length(rows)
+    parts = sft_loop.split_by_length(rows)
     assert [len(p) for p in parts] == [6, 2]  # short rows, then the long ones
-    assert recipe.split_by_length(rows[:6]) == [sorted(rows[:6], key=lambda r: len(r[0]))]
+    assert sft_loop.split_by_length(rows[:6]) == [sorted(rows[:6], key=lambda r: len(r[0]))]
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=2))
-    ids, mask, labels = recipe._batch(rows, 0)
+    ids, mask, labels = sft_loop._batch(rows, 0)
     model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
     want = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     n_target = sum(len(r) - n for r, n, _ in rows)
     for part in parts:
-        ids, mask, labels = recipe._batch(part, 0)
+        ids, mask, labels = sft_loop._batch(part, 0)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, 32), labels[:, 1:].reshape(-1), reduction="sum")
@@ -309,7 +310,7 @@ def test_head_on_targets_gives_the_full_heads_loss_and_gradient(weights) -> None
     """The warm start's output layer on the target positions only (``head_on_targets``) gives the
     loss and gradients of the full head, weighted rows included, through a PEFT wrapper."""
     import torch
-    from creditlab_arith import model as recipe
+    from creditlab_arith import sft_loop
     from peft import LoraConfig, get_peft_model
     from tests.numerics import assert_close_fp, lm_length
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -323,7 +324,7 @@ def test_head_on_targets_gives_the_full_heads_loss_and_gradient(weights) -> None
     losses, grads = [], []
     for head_on_targets in (False, True):
         model.zero_grad()
-        loss = recipe._summed_loss(model, rows, 0, head_on_targets)
+        loss = sft_loop._summed_loss(model, rows, 0, head_on_targets)
         loss.backward()
         losses.append(loss.detach())
         grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from creditlab_arith import model as recipe
+from creditlab_arith import sft_loop
 from creditlab_arith import resume
 
 DATA = [([1, 5, 6, 7, 2], 2, 1.0), ([1, 8, 9, 2], 1, 1.0), ([1, 5, 9, 9, 8, 2], 3, 1.0)] * 3  # 9 rows
@@ -35,10 +36,10 @@ class Killed(Exception):
 def test_resumed_warm_start_equals_an_uninterrupted_one(tmp_path, monkeypatch) -> None:
     whole = _model()
     scores = iter([0.3, 0.35, 0.4])
-    want = recipe.warm_start(whole, DATA, 0, _args(), lambda: next(scores))
+    want = sft_loop.warm_start(whole, DATA, 0, _args(), lambda: next(scores))
 
     path = tmp_path / "point.pt"
-    saves, after, real_save, real_loss = [], [], resume.save, recipe._summed_loss
+    saves, after, real_save, real_loss = [], [], resume.save, sft_loop._summed_loss
 
     def counted_save(*a, **k):
         saves.append(a[-1]["step"])
@@ -52,17 +53,17 @@ def test_resumed_warm_start_equals_an_uninterrupted_one(tmp_path, monkeypatch) -
         return real_loss(*a, **k)
 
     monkeypatch.setattr(resume, "save", counted_save)
-    monkeypatch.setattr(recipe, "_summed_loss", dies_after_the_second_point)
+    monkeypatch.setattr(sft_loop, "_summed_loss", dies_after_the_second_point)
     scores = iter([0.3, 0.35, 0.4])
     with pytest.raises(Killed):
-        recipe.warm_start(_model(), DATA, 0, _args(resume_path=path, save_every=3), lambda: next(scores))
+        sft_loop.warm_start(_model(), DATA, 0, _args(resume_path=path, save_every=3), lambda: next(scores))
     monkeypatch.undo()
     saved = torch.load(path, weights_only=False)["loop"]
     assert saves[:2] == [3, 6] and saved["step"] == 6 and saved["checks"] == [(4, 0.3)]
 
     again = _model()  # a fresh process: the same initial weights, then the resume point
     scores = iter([0.35, 0.4])  # the checks still to come (the one at step 4 is in the point)
-    got = recipe.warm_start(again, DATA, 0, _args(resume_path=path, save_every=3), lambda: next(scores))
+    got = sft_loop.warm_start(again, DATA, 0, _args(resume_path=path, save_every=3), lambda: next(scores))
 
     for (name, a), b in zip(whole.named_parameters(), again.parameters()):
         assert torch.equal(a, b), name
@@ -74,7 +75,7 @@ def test_resumed_warm_start_equals_an_uninterrupted_one(tmp_path, monkeypatch) -
 
 def test_a_point_of_another_build_is_refused(tmp_path, capsys) -> None:
     path = tmp_path / "point.pt"
-    recipe.warm_start(_model(), DATA, 0, {**_args(resume_path=path, save_every=2), "steps": 5})
+    sft_loop.warm_start(_model(), DATA, 0, {**_args(resume_path=path, save_every=2), "steps": 5})
     assert torch.load(path, weights_only=False)["loop"]["step"] == 4  # none after the last step
     # another length: starts over, from the model's own weights
     fresh, ref = _model(), _model()
