@@ -371,7 +371,7 @@ def test_cli_writes_report_and_prints_table(tmp_path, capsys):
     # 2 seeds, a constant shift: exact sign-flip over 4 patterns, p = 2/4; shown with its test and n.
     # Holm over the table's 2 tests (final, AUC), both p = 0.5: 2 * 0.5 = 1, then max(1, 0.5) = 1.
     assert "| +0.050 | [+0.050, +0.050] | 0.5 | 1 | exact sign-flip, 2 pairs (4 arrangements; smallest possible p 0.5) | — |" in md
-    assert "## Against the baseline 'grpo': exact seed-level tests (primary)" in md
+    assert "## Exploratory: Against the baseline 'grpo': exact seed-level tests (primary)" in md
     assert "Holm p: Holm-adjusted over the 2 test(s) with a p in this table (the family: every group x quantity here)" in md
     # fewer than 8 paired seeds: a warning with the exact floor, in the report and on the terminal
     floor = "'srpo' vs 'grpo': 2 paired seeds, so the exact seed-level test cannot go below p = 2/2^2 = 0.5; claims need >= 8 seeds"

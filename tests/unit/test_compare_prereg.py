@@ -270,3 +270,20 @@ def test_equivalent_wins_over_a_significant_difference_inside_the_margin(tmp_pat
     sham = next(t for t in c.prereg.tests if t.group == "sham" and t.budget == "steps")
     assert sham.result.p_value == pytest.approx(2 / 256) and c.prereg.significant(sham)
     assert sham.p_equivalent == pytest.approx(1 / 256) and c.prereg.verdict(sham) == "equivalent"
+
+
+def test_runs_that_declared_nothing_get_a_report_that_is_exploratory_throughout(tmp_path, capsys):
+    """Without a declaration no table is a claim: every table is headed 'Exploratory: ' and the
+    report (and the terminal) say why, even where a p is small (here 2/2^8)."""
+    for s in range(8):
+        make_run(tmp_path / "runs", f"grpo-{s}", "grpo", s, evals={0: 0.5, 4: 0.5})
+        make_run(tmp_path / "runs", f"oracle-{s}", "oracle", s, evals={0: 0.5, 4: 0.6 + 0.01 * s})
+    main(["compare", str(tmp_path / "runs"), "--out", str(tmp_path / "report")])
+    printed = " ".join(capsys.readouterr().out.split())
+    md = (tmp_path / "report" / "report.md").read_text()
+    headings = [line for line in md.splitlines() if line.startswith("## ")]
+    assert "## Pre-registered comparison" not in headings
+    assert all(h.startswith("## Exploratory: ") for h in headings if h not in ("## Warnings", "## Runs"))
+    assert "## Exploratory: Against the baseline 'grpo': exact seed-level tests (primary)" in headings
+    assert "Nothing was declared before these runs" in md and "every table below is exploratory" in md
+    assert "Nothing was declared before these runs" in printed and printed.index("Nothing was declared") < printed.index("exploratory: against baseline")

@@ -246,7 +246,7 @@ def test_compare_reports_the_per_problem_test(tmp_path):
     out = tmp_path / "report"
     main(["compare", str(tmp_path), "--out", str(out), "--bootstrap", "999"])
     md = (out / "report.md").read_text()
-    assert "## Per problem against the baseline 'grpo' (secondary; seeds x problems, eval/pass@1, at the last evaluations)" in md
+    assert "## Exploratory: Per problem against the baseline 'grpo' (secondary; seeds x problems, eval/pass@1, at the last evaluations)" in md
     row = next(line for line in md.splitlines() if line.startswith("| oracle | +0.125 |"))
     se = math.sqrt(5 * 2.775 / 39 / 200)
     p = 2 * scipy_stats.t.sf(0.125 / se, 39)  # 0.00516

@@ -24,7 +24,7 @@ from creditlab.analysis.contrasts import Test
 from creditlab.analysis.group_stats import TESTED, GroupStats
 from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
 from creditlab.analysis.report_json import to_json
-from creditlab.analysis.report_prereg import EXPLORATORY, prereg_blocks, prereg_rows
+from creditlab.analysis.report_prereg import EXPLORATORY, UNDECLARED, prereg_blocks, prereg_rows
 from creditlab.analysis.results_file import write_results
 from creditlab.analysis.rundirs import AXES, REWARD
 from creditlab.analysis.significance import BOOTSTRAP_MIN_N, EXACT_LIMIT, IQM
@@ -232,7 +232,7 @@ def run_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 def blocks(c: Comparison, images: list[Path]) -> list[Block]:
     """The report as blocks (rendered to Markdown and HTML)."""
     s = c.settings
-    x = EXPLORATORY if c.prereg or c.later else ""
+    x = EXPLORATORY  # only a declared section is confirmatory; with none, every table here is exploratory
     out: list[Block] = [
         ("h1", "creditlab compare"),
         ("p", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from {', '.join(s['paths'])}: {len(c.runs)} run(s), "
@@ -242,6 +242,8 @@ def blocks(c: Comparison, images: list[Path]) -> list[Block]:
     ]
     out += prereg_blocks(c.prereg) if c.prereg else []
     out += prereg_blocks(c.later) if c.later else []
+    if not (c.prereg or c.later):
+        out += [("p", UNDECLARED)]
     if c.warnings:
         out += [("h2", "Warnings"), ("ul", c.warnings)]
     out += [("h2", f"{x}Results per group"), ("table", *group_rows(c)),
@@ -358,9 +360,11 @@ def write_report(c: Comparison, out: str | Path) -> dict[str, Path]:
 def print_summary(c: Comparison, paths: dict[str, Path], console: Any = None) -> None:
     """Groups, tests and warnings as rich tables on the terminal."""
     console = console or Console(width=160)
-    x = EXPLORATORY.lower() if c.prereg or c.later else ""
+    x = EXPLORATORY.lower()
     declared = [(f"{'later declaration' if p.later else 'pre-registered comparison'} ({p.source})", prereg_rows(p))
                 for p in (c.prereg, c.later) if p is not None]
+    if not declared:
+        console.print(escape(UNDECLARED))
     for title, (header, rows) in (*declared, (f"{x}creditlab compare", group_rows(c)),
                                   (f"{x}against baseline '{c.baseline}': exact seed-level tests (primary)", test_rows(c)),
                                   (f"{x}per problem against '{c.baseline}' (secondary, seeds x problems)",

@@ -15,6 +15,10 @@ from creditlab.analysis.confirmatory import Declared, Preregistered
 from creditlab.analysis.problem_records import MIN_SEEDS_FOR_P
 
 EXPLORATORY = "Exploratory: "
+#: Said where the runs declared nothing: no table of the report is a confirmatory claim.
+UNDECLARED = ("Nothing was declared before these runs (no 'preregistration' in their config.yaml, no --prereg "
+              "file): every table below is exploratory, whatever its p. A claim needs its comparison declared "
+              "before the runs (metric, budget axes, contrasts, seeds, alpha; docs/comparing.md).")
 
 
 def _p(p: float) -> str:
