@@ -79,6 +79,27 @@ def test_warm_start_cache_key():
     assert sft.checkpoint_dir({"base": {"dtype": "bfloat16"}}) != base  # another converted base
 
 
+def test_word_problem_cache_key_covers_the_training_file(tmp_path, monkeypatch):
+    """The word-problem warm start's key follows what it is (arguments, training data), not how
+    fast or from where it is built: a rebuilt data set is another warm start, and the shipped
+    adapter is not loaded for it (an earlier key left the data out)."""
+    import creditlab_wordproblems.task as task
+    from creditlab_smollm2 import word_problems as wp
+
+    base = wp.checkpoint_dir({})
+    assert base.name.startswith("smollm2_135m_word_problems-")
+    assert wp.checkpoint_dir({"threads": 1, "shipped": False, "save_every": 3}) == base
+    assert wp.checkpoint_dir({"lr": 2e-4}) != base
+    data = tmp_path / "data"
+    data.mkdir()
+    text = (task.DATA / "train.jsonl").read_bytes()
+    (data / "train.jsonl").write_bytes(text)
+    monkeypatch.setattr(task, "DATA", data)
+    assert wp.checkpoint_dir({}) == base  # the same bytes elsewhere
+    (data / "train.jsonl").write_bytes(text + b"\n")
+    assert wp.checkpoint_dir({}) != base
+
+
 class _CharTokenizer:
     """Enough of a tokenizer for the example builder: one id per character."""
 
