@@ -77,6 +77,7 @@ def test_the_word_problem_adapter_ships_for_its_preset_verified_and_small():
     """model=smollm2_135m_word_problems starts from a shipped LoRA adapter (issue 53: <= 25 MB,
     sha256 checked at load), found under the preset's own cache key."""
     from creditlab_smollm2 import word_problems as wp
+    from creditlab_wordproblems.task import DATA
 
     cfg, _ = check_config(["model=smollm2_135m_word_problems", "task=word_problems"])
     key = wp.checkpoint_dir(OmegaConf.to_container(cfg.model.recipe_args, resolve=True)).name
@@ -86,12 +87,6 @@ def test_the_word_problem_adapter_ships_for_its_preset_verified_and_small():
     assert shipped.load(key, root=wp.SHIPPED, weights="adapter_model.safetensors") == wp.SHIPPED / key
     size = sum((wp.SHIPPED / key / f).stat().st_size for f in entry["files"])
     assert size <= 25e6, f"the adapter takes {size / 1e6:.1f} MB (issue 53: at most 25)"
-    recipe = json.loads((wp.SHIPPED / key / "creditlab_recipe.json").read_text())
-    assert recipe["train_data_sha256"] == shipped.sha256(wp_data() / "train.jsonl")
-    assert recipe["args"]["lr"] == wp.DEFAULTS["lr"] and recipe["version"] == wp.RECIPE_VERSION
-
-
-def wp_data():
-    from creditlab_wordproblems.task import DATA
-
-    return DATA
+    built = json.loads((wp.SHIPPED / key / "creditlab_recipe.json").read_text())
+    assert built["train_data_sha256"] == shipped.sha256(DATA / "train.jsonl")
+    assert built["args"]["lr"] == wp.DEFAULTS["lr"] and built["version"] == wp.RECIPE_VERSION
