@@ -35,6 +35,9 @@ LOSS_METRICS = {
     "backend/logprob_abs_diff_mean": "sum", "backend/logprob_abs_diff_max": "max",
     "backend/logprob_kl": "sum", "backend/tis_weight_mean": "sum", "backend/tis_clip_frac": "sum",
 }
+#: The metrics of :data:`LOSS_METRICS` that are exactly zero on a row whose advantages are all
+#: zero (without a KL term): the only ones that stay over every row when such rows are skipped.
+ZERO_WITHOUT_ADVANTAGE = frozenset({"loss", "pg_loss"})
 
 
 @dataclass
@@ -70,6 +73,13 @@ class LossConfig:
             states (:mod:`creditlab.step.token_logprobs`): ``auto`` (the fused, tiled LM head
             for a supported model with a vocabulary of >= 1,024 tokens: no (rows, tokens, V)
             logits), ``on`` (fused for any supported model), ``off`` (always the full logits).
+        skip_zero_advantage: Run no forward or backward for rows with no non-zero advantage on
+            a trained token (a GRPO group whose rewards are all equal): without a KL term their
+            gradient is exactly zero, and the denominators still count their tokens, so the
+            update equals the full one up to float rounding. ``loss`` and ``pg_loss`` stay exact;
+            the other per-token metrics (entropy, ratios, clip fractions, engine mismatch) become
+            means over the rows run, and ``train/skipped_rows`` logs the share skipped. Needs
+            ``kl_coef == 0``.
     """
 
     mode: str = "clip"
@@ -85,6 +95,7 @@ class LossConfig:
     micro_batch_tokens: int | str = "auto"
     tis_cap: float | None = None
     fused_head: str = "auto"
+    skip_zero_advantage: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ConfigError:
@@ -104,6 +115,12 @@ class LossConfig:
             raise bad("dual_clip", "null or a number > 1")
         if not self.kl_coef >= 0.0:
             raise bad("kl_coef", ">= 0")
+        if not isinstance(self.skip_zero_advantage, bool):
+            raise bad("skip_zero_advantage", "true or false")
+        if self.skip_zero_advantage and self.kl_coef > 0:
+            raise ConfigError(f"LossConfig.skip_zero_advantage needs kl_coef == 0 (the KL term trains every "
+                              f"row); got kl_coef={self.kl_coef!r}: set loss.kl_coef=0 or "
+                              f"loss.skip_zero_advantage=false.")
         if self.agg == "seq-mean-token-sum-norm":
             if self.norm_constant is None or not self.norm_constant > 0:
                 raise bad("norm_constant", "a number > 0 (T_max) when agg is "

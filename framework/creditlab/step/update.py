@@ -13,7 +13,7 @@ import torch
 from creditlab.step.aggregation import MiniBatchStats
 from creditlab.step.distributed import all_max, gradient_sync, reduce_metrics
 from creditlab.step.forward import response_logits as shared_prompt_logits
-from creditlab.step.losses import LOSS_METRICS, policy_loss
+from creditlab.step.losses import LOSS_METRICS, ZERO_WITHOUT_ADVANTAGE, policy_loss
 from creditlab.step.packing import columns, pack_rows
 from creditlab.step.token_logprobs import response_logprobs
 from creditlab.types import Max, Mean, RolloutBatch, Sum
@@ -37,7 +37,9 @@ class PolicyUpdate:
         """
         cfg, opt = self.loss_cfg, self.optimizers()
         n_mini = cfg.updates_per_batch
-        old = self.old_logprobs(rollout) if n_mini > 1 else None
+        live = self.rows_with_signal(rollout, advantages) if cfg.skip_zero_advantage else None
+        old = self.old_logprobs(rollout, rows=None if live is None else torch.nonzero(live).flatten()) \
+            if n_mini > 1 else None
         ref = self.reference_logprobs(rollout) if cfg.kl_coef > 0 else None
         order = torch.randperm(rollout.size, generator=torch.Generator().manual_seed(self.seed_for(self.rl_step, 3)))
         order = order.to(rollout.device)
@@ -45,24 +47,29 @@ class PolicyUpdate:
             (rows, MiniBatchStats.from_mask(rollout.loss_mask[rows], cfg).all_reduce())
             for rows in torch.tensor_split(order, n_mini)
         ]
-        tokens = max(sum(stats.num_tokens for _, stats in minis), 1.0)
+        run = [self.rows_run(rollout, rows, stats, live) for rows, stats in minis]
+        run_tokens = max(sum(s.num_tokens for _, s in run), 1.0)  # what the per-token metrics average over
         sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
         maxima: dict[str, float] = {}
         cells = 0  # response positions the micro-batches compute, padding included
-        for rows, stats in minis:
-            chunks = self.micro_batches(rollout, rows)
+        for (_, stats), (rows, run_stats) in zip(minis, run):
+            chunks = self.micro_batches(rollout, rows) if len(rows) else []
             cells += sum(len(c) * self.columns(rollout, c)[1] for c in chunks)
             n_chunks = int(all_max([len(chunks)])[0])
+            if live is not None:  # every parameter gets a gradient, zero if need be (AdamW steps on it)
+                n_chunks = max(n_chunks, 1)
             chunks += [None] * (n_chunks - len(chunks))
+            # skipped rows add exact zeros to the loss; the other shares become means over the rows run
+            scale = 1.0 if live is None else stats.num_tokens / max(run_stats.num_tokens, 1.0)
             for i, mrows in enumerate(chunks):
                 with gradient_sync(self.strategy, enabled=i == n_chunks - 1):
                     parts = self.backward_rows(rollout, advantages, mrows, stats, old, ref)
-                self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / tokens)
+                self._add(sums, "train/entropy", parts.pop("entropy", 0.0) / run_tokens)
                 for k, v in parts.items():
                     if LOSS_METRICS[k] == "max":
                         maxima[f"train/{k}"] = max(maxima.get(f"train/{k}", 0.0), v)
                     else:
-                        self._add(sums, f"train/{k}", v / n_mini)
+                        self._add(sums, f"train/{k}", v / n_mini * (1.0 if k in ZERO_WITHOUT_ADVANTAGE else scale))
             grad_norm = self.clip_gradients_and_norm()
             self._add(sums, "train/grad_norm", grad_norm / n_mini)
             opt.step()
@@ -74,9 +81,29 @@ class PolicyUpdate:
         out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
         out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
         # the share of the response positions computed that are padding (this rank's, averaged)
-        out["train/padding"] = Mean(1.0 - float(rollout.response_mask.sum()) / max(cells, 1))
+        real = rollout.response_mask.sum() if live is None else rollout.response_mask[live].sum()
+        out["train/padding"] = Mean(1.0 - float(real) / cells if cells else 0.0)
         out.update({k: Max(v) for k, v in maxima.items()})
+        if live is not None:  # the loss is 0 when no row ran; this rank's share of rows skipped, averaged
+            out.update({f"train/{k}": Sum(0.0) for k in ZERO_WITHOUT_ADVANTAGE if f"train/{k}" not in out})
+            out["train/skipped_rows"] = Mean(1.0 - float(live.sum()) / max(rollout.size, 1))
         return reduce_metrics(out, weight=1.0)
+
+    @staticmethod
+    def rows_with_signal(rollout: RolloutBatch, advantages: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the rows with a non-zero advantage on a trained token (``loss.skip_zero_advantage``
+        runs only these; NaN counts as non-zero, so it still reaches the loss)."""
+        return ((advantages != 0) & (rollout.loss_mask > 0)).any(dim=1)
+
+    def rows_run(
+        self, rollout: RolloutBatch, rows: torch.Tensor, stats: MiniBatchStats, live: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, MiniBatchStats]:
+        """A mini-batch's rows that the update runs, and their denominators over every rank:
+        all of them, or with ``live`` (B,) bool only the live ones (a collective then)."""
+        if live is None:
+            return rows, stats
+        kept = rows[live[rows]]
+        return kept, MiniBatchStats.from_mask(rollout.loss_mask[kept], self.loss_cfg).all_reduce()
 
     def backward_rows(
         self, rollout: RolloutBatch, advantages: torch.Tensor, rows: torch.Tensor | None,
@@ -163,12 +190,14 @@ class PolicyUpdate:
         return shared_prompt_logits(model, ids, mask, rollout.prompt_len)
 
     @torch.no_grad()
-    def old_logprobs(self, rollout: RolloutBatch, model: Any = None) -> torch.Tensor:
-        """(B, T) log-probs of the response tokens before any update (or under ``model``)."""
+    def old_logprobs(self, rollout: RolloutBatch, model: Any = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) log-probs of the response tokens before any update (or under ``model``), of
+        every row or of ``rows`` (b,) only (the others 0)."""
         out = torch.zeros(rollout.response_mask.shape, dtype=torch.float32, device=rollout.device)
-        for rows in self.micro_batches(rollout, torch.arange(rollout.size, device=rollout.device)):
-            lp = self.token_logprobs(rollout, rows, model, with_entropy=False)[0]
-            out[rows, : lp.shape[1]] = lp
+        every = torch.arange(rollout.size, device=rollout.device) if rows is None else rows
+        for chunk in self.micro_batches(rollout, every) if len(every) else []:
+            lp = self.token_logprobs(rollout, chunk, model, with_entropy=False)[0]
+            out[chunk, : lp.shape[1]] = lp
         return out * rollout.response_mask
 
     def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
