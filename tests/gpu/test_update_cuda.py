@@ -38,6 +38,8 @@ LOSSES = {
     "clip-2-minibatches-micro3": {"mode": "clip", "agg": "seq-mean-token-mean", "updates_per_batch": 2,
                                   "micro_batch_size": 3},
     "reinforce-token-mean": {"mode": "reinforce", "agg": "token-mean"},
+    # rows 0, 3, 6 get no advantage (as a group of equal rewards): they are skipped on both devices
+    "clip-2-minibatches-skip-zero-rows": {"mode": "clip", "updates_per_batch": 2, "skip_zero_advantage": True},
 }
 
 
@@ -90,6 +92,8 @@ def test_update_step_on_cuda_equals_cpu(fp32_matmuls, loss):
     gpu_model = copy.deepcopy(model).cuda()
     batch = _batch()
     adv = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(2)) * batch.loss_mask
+    if LOSSES[loss].get("skip_zero_advantage"):
+        adv[::3] = 0.0
 
     cpu_metrics = _module(model, tok, LOSSES[loss]).update(batch, adv)
     gpu_metrics = _module(gpu_model, tok, LOSSES[loss]).update(_to(batch, "cuda"), adv.cuda())
