@@ -52,6 +52,8 @@ def test_a_file_on_the_tiny_model_prints_both_lines_and_writes_records(tmp_path,
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task"] == "word_problems" and summary["greedy"]["problems"] == 3
     assert summary["sampled"]["samples"] == 2 and summary["cpu"]["torch_capability"]
+    noise = next(line for line in lines if line.startswith("noise: standard error "))  # its two sources
+    assert "with 4 samples" in noise and "with 6 problems" in noise and set(summary["noise"]) == {"between", "within"}
 
 
 @pytest.mark.parametrize("rows,message", [

@@ -32,6 +32,7 @@ def test_records_match_metrics_and_a_resume_leaves_no_stale_or_duplicated_step(t
         n = len(rec["ids"])
         assert n == 8 and rec["ids"] == records[0]["ids"] and len(set(rec["ids"])) == 8  # the same 8 problems
         assert sum(rec["greedy"]) / n == pytest.approx(evals[rec["step"]]["eval/pass@1"])
+        assert evals[rec["step"]]["time/eval_s"] > 0  # each evaluation's wall-clock (benchmarks/experiment_cost.py)
         if rec["samples"]:
             assert sum(rec["correct"]) / (n * rec["samples"]) == pytest.approx(evals[rec["step"]]["eval/sample_accuracy"])
 

@@ -110,3 +110,32 @@ def band(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if n < 2:
         return mean, np.full_like(mean, np.nan)
     return mean, t_quantile(n - 1) * matrix.std(axis=0, ddof=1) / math.sqrt(n)
+
+
+@dataclass(frozen=True)
+class SamplingNoise:
+    """Where the noise of a sampled accuracy comes from: problems differ (``between``, the
+    variance of the problems' true success rates) and each problem's samples are coin flips
+    (``within``, the mean over problems of p(1 - p)). The mean of ``n`` problems x ``k`` samples
+    has variance ``between / n + within / (n k)`` (more samples shrink only the second term)."""
+
+    between: float
+    within: float
+
+    def se(self, problems: int, samples: int) -> float:
+        """Standard error of the mean over ``problems`` x ``samples``."""
+        return math.sqrt(max(self.between / problems + self.within / (problems * samples), 0.0))
+
+
+def sampling_noise(correct: Sequence[int], samples: int) -> SamplingNoise | None:
+    """The two variances from ``correct[i]`` of ``samples`` answers right on problem ``i``
+    (unbiased: ``c (k - c) / (k (k - 1))`` estimates p(1 - p); the between-problem variance is the
+    per-problem means' variance less ``within / k``, at least 0). None below 2 problems or 2 samples."""
+    n, k = len(correct), samples
+    if n < 2 or k < 2:
+        return None
+    within = sum(c * (k - c) for c in correct) / (k * (k - 1) * n)
+    rates = [c / k for c in correct]
+    mean = sum(rates) / n
+    spread = sum((r - mean) ** 2 for r in rates) / (n - 1)
+    return SamplingNoise(max(spread - within / k, 0.0), within)

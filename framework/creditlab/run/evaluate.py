@@ -26,7 +26,7 @@ import torch
 from omegaconf import OmegaConf
 from scipy import stats
 
-from creditlab.analysis.stats import t_quantile
+from creditlab.analysis.stats import SamplingNoise, sampling_noise, t_quantile
 from creditlab.errors import InputError
 from creditlab.run.compose import CONF_DIR, compose
 from creditlab.run.config import build_parts, validate
@@ -114,6 +114,16 @@ def t_interval(per_problem: Sequence[float], samples: int) -> Accuracy:
     sd = math.sqrt(sum((x - mean) ** 2 for x in per_problem) / (n - 1))
     half = t_quantile(n - 1) * sd / math.sqrt(n)
     return Accuracy(mean, max(0.0, mean - half), min(1.0, mean + half), n, samples)
+
+
+def noise_line(noise: SamplingNoise, problems: int, samples: int) -> str:
+    """The sampled accuracy's standard error split into its two sources, and what twice the samples
+    or twice the problems would make of it (:class:`~creditlab.analysis.stats.SamplingNoise`)."""
+    se = noise.se(problems, samples)
+    by_problems, by_samples = math.sqrt(noise.between / problems), math.sqrt(noise.within / (problems * samples))
+    return (f"noise: standard error {se:.4f} (problems {by_problems:.4f}, sampling {by_samples:.4f}, in "
+            f"quadrature); with {2 * samples} samples {noise.se(problems, 2 * samples):.4f}, with {2 * problems} "
+            f"problems {noise.se(2 * problems, samples):.4f}")
 
 
 def data_overrides(request: EvalRequest) -> list[str]:
@@ -210,6 +220,9 @@ def evaluate_model(overrides: Sequence[str], request: EvalRequest, out: Path,
     if sampled is not None:
         per = [sum(s["correct"] for s in r["samples"]) / request.samples for r in records]
         summary["sampled"] = asdict(t_interval(per, request.samples))
+        noise = sampling_noise([sum(s["correct"] for s in r["samples"]) for r in records], request.samples)
+        if noise is not None:
+            summary["noise"] = asdict(noise)
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

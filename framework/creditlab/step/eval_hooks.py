@@ -7,11 +7,13 @@ the last, its metrics logged and every problem's outcome handed to the run's pro
 from __future__ import annotations
 
 import abc
+import time
 from contextlib import nullcontext
 from typing import Any
 
 from creditlab.step.distributed import rank_and_world, reduce_metrics, shard
 from creditlab.step.evaluation import evaluate_problems, gather_outcomes
+from creditlab.types import Max
 
 
 class ProblemLogger(abc.ABC):
@@ -45,7 +47,9 @@ class EvaluationHooks:
             self.run_evaluation(self.rl_step)
 
     def run_evaluation(self, step: int) -> dict[str, float]:
-        """Evaluate this rank's share of the held-out problems; log the metrics and per-problem outcomes."""
+        """Evaluate this rank's share of the held-out problems; log the metrics and per-problem outcomes
+        (and ``time/eval_s``, the evaluation's wall-clock: the slowest rank's)."""
+        t0 = time.perf_counter()
         count = self.eval_cfg.problems or len(self.eval_problems)
         mine = shard(self.eval_problems[:count], *rank_and_world())
         # Under the precision training rollouts sample in (bf16 autocast under bf16-mixed), also
@@ -56,7 +60,7 @@ class EvaluationHooks:
                 self.parts.backend, self.parts.verifier, self.handle(step, stream=1),
                 mine, self.eval_cfg, self.rollout_cfg, seed=self.seed_for(step, 2),
             )
-        metrics = reduce_metrics(metrics, weight=len(mine))
+        metrics = reduce_metrics({**metrics, "time/eval_s": Max(time.perf_counter() - t0)}, weight=len(mine))
         self.log_metrics(metrics, step)
         log_problems(self.loggers, gather_outcomes(outcomes).record(step, self.eval_cfg.samples))  # collective
         return metrics
