@@ -63,3 +63,14 @@ def test_resumed_two_rank_run_matches_an_uninterrupted_one(runs):
     assert [r["step"] for r in full if "train/loss" in r] == [1, 2, 3, 4]
     assert len({r["train/entropy"] for r in full if "train/entropy" in r}) == 4, "the weights move"
     assert resumed == full
+
+
+def test_two_ranks_skip_rows_without_advantage(tmp_path):
+    """``loss.skip_zero_advantage`` under DDP: the ranks agree on how many micro-batches run (a rank
+    with no row left runs the padding row), so the run neither hangs nor loses a step."""
+    out = tmp_path / "skip"
+    _train(out, "trainer.max_steps=2", "loss.kl_coef=0", "loss.skip_zero_advantage=true", "eval.every=0")
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "train/skipped_rows" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["train/skipped_rows"] <= 1.0 and r["train/grad_norm"] >= 0 for r in rows)
+    assert json.loads((out / "status.json").read_text())["status"] == "finished"

@@ -103,6 +103,12 @@ def test_a_run_from_before_the_key_resumes_but_a_changed_declaration_does_not():
     assert config_differences(old, {**old, "preregistration": None}) == []
     changed = config_differences(old, {**old, "preregistration": {"metric": "eval/pass@1"}})
     assert changed == ["preregistration.metric: (missing) -> eval/pass@1"]
+    # loss.skip_zero_advantage came later: absent means false; turning it on is a difference (the
+    # entropy and ratio metrics would change what they average over in the middle of a run)
+    loss = {"seed": 0, "loss": {"kl_coef": 0.0}}
+    assert config_differences(loss, {"seed": 0, "loss": {"kl_coef": 0.0, "skip_zero_advantage": False}}) == []
+    assert config_differences(loss, {"seed": 0, "loss": {"kl_coef": 0.0, "skip_zero_advantage": True}}) == [
+        "loss.skip_zero_advantage: (missing) -> true"]
 
 
 def test_a_run_from_before_auto_packing_resumes():

@@ -49,7 +49,7 @@ RESUME_FREE_KEYS = (
 )
 #: Keys added to ``conf/train.yaml`` after runs existed, with the value a ``config.yaml`` written
 #: before them means by leaving them out (a resume of such a run sees no difference).
-ADDED_KEYS = {"preregistration": None}
+ADDED_KEYS = {"preregistration": None, "loss.skip_zero_advantage": False}
 MISMATCH_MODES = ("refuse", "allow")
 SHOWN_DIFFS = 4
 
