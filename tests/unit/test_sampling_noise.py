@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from creditlab.analysis.stats import SamplingNoise, sampling_noise
+from creditlab.analysis.stats import sampling_noise
 from creditlab.run.evaluate import noise_line
 
 
@@ -34,7 +34,7 @@ def test_recovers_known_variances_on_simulated_problems():
 
 
 def test_the_printed_line():
-    line = noise_line(SamplingNoise(between=0.04, within=0.09), 100, 4)
+    line = noise_line({"noise": {"between": 0.04, "within": 0.09}, "sampled": {"problems": 100, "samples": 4}})
     # se = sqrt(0.04/100 + 0.09/400) = 0.025; problems sqrt(0.0004) = 0.02, sampling sqrt(0.000225) = 0.015
     assert line == ("noise: standard error 0.0250 (problems 0.0200, sampling 0.0150, in quadrature); with 8 samples "
                     "0.0226, with 200 problems 0.0177")

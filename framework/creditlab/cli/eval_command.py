@@ -32,7 +32,6 @@ def evaluate(argv: list[str]) -> None:
     if unknown := [o for o in overrides if o.startswith("-")]:
         exit_with(f"unknown option {unknown[0]}; see creditlab eval --help")
 
-    from creditlab.analysis.stats import SamplingNoise
     from creditlab.run.evaluate import Accuracy, EvalRequest, evaluate_model, noise_line
 
     request = EvalRequest(args.split, args.data, args.problems, args.samples, args.temperature, args.batch_size)
@@ -46,6 +45,6 @@ def evaluate(argv: list[str]) -> None:
     if "sampled" in summary:
         print(Accuracy(**summary["sampled"]).line("sampled") + f", temperature {summary['temperature']:g}")
         if "noise" in summary:
-            print(noise_line(SamplingNoise(**summary["noise"]), summary["sampled"]["problems"], args.samples))
+            print(noise_line(summary))
     print(f"records: {Path(args.out) / 'records.jsonl'}; summary: {Path(args.out) / 'summary.json'} "
           f"({summary['seconds']:.0f} s)")

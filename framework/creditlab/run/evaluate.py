@@ -116,9 +116,12 @@ def t_interval(per_problem: Sequence[float], samples: int) -> Accuracy:
     return Accuracy(mean, max(0.0, mean - half), min(1.0, mean + half), n, samples)
 
 
-def noise_line(noise: SamplingNoise, problems: int, samples: int) -> str:
+def noise_line(summary: dict[str, Any]) -> str:
     """The sampled accuracy's standard error split into its two sources, and what twice the samples
-    or twice the problems would make of it (:class:`~creditlab.analysis.stats.SamplingNoise`)."""
+    or twice the problems would make of it, from an evaluation's summary (its ``noise``:
+    :class:`~creditlab.analysis.stats.SamplingNoise`, and ``sampled``)."""
+    noise = SamplingNoise(**summary["noise"])
+    problems, samples = summary["sampled"]["problems"], summary["sampled"]["samples"]
     se = noise.se(problems, samples)
     by_problems, by_samples = math.sqrt(noise.between / problems), math.sqrt(noise.within / (problems * samples))
     return (f"noise: standard error {se:.4f} (problems {by_problems:.4f}, sampling {by_samples:.4f}, in "
