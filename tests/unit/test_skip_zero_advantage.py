@@ -117,6 +117,7 @@ def test_no_row_left_still_steps_every_parameter():
         moved[skip] = [p.detach().clone() for p in module.policy.parameters()], metrics, list(ran)
     assert len(moved[True][2]) == 1 and moved[True][1]["train/skipped_rows"] == 1.0  # the one padding row
     assert moved[True][1]["train/loss"] == 0.0 and moved[True][1]["train/padding"] == 0.0
+    assert "train/entropy" not in moved[True][1]  # nothing ran: no entropy measured, rather than a 0
     for a, b in zip(moved[False][0], moved[True][0]):
         assert_close_fp(b, a, length=64)
 

@@ -78,8 +78,8 @@ class LossConfig:
             gradient is exactly zero, and the denominators still count their tokens, so the
             update equals the full one up to float rounding. ``loss`` and ``pg_loss`` stay exact;
             the other per-token metrics (entropy, ratios, clip fractions, engine mismatch) become
-            means over the rows run, and ``train/skipped_rows`` logs the share skipped. Needs
-            ``kl_coef == 0``.
+            means over the rows run (absent at a step where none ran), and ``train/skipped_rows``
+            logs the share skipped. Needs ``kl_coef == 0``.
     """
 
     mode: str = "clip"

@@ -48,7 +48,8 @@ class PolicyUpdate:
             for rows in torch.tensor_split(order, n_mini)
         ]
         run = [self.rows_run(rollout, rows, stats, live) for rows, stats in minis]
-        run_tokens = max(sum(s.num_tokens for _, s in run), 1.0)  # what the per-token metrics average over
+        ran = sum(s.num_tokens for _, s in run)
+        run_tokens = max(ran, 1.0)  # what the per-token metrics average over
         sums: dict[str, float] = {}  # additive shares of each mini-batch's value, averaged over minis
         maxima: dict[str, float] = {}
         cells = 0  # response positions the micro-batches compute, padding included
@@ -78,6 +79,8 @@ class PolicyUpdate:
             # copies of weights (peft's adapters) would outlive this step: the next mini-batch
             # would run the old weights (tests/unit/test_module.py)
             torch.clear_autocast_cache()
+        if live is not None and ran == 0:  # no row ran on any rank: no entropy was measured (not 0)
+            sums.pop("train/entropy", None)
         out: dict[str, float] = {k: Sum(v) for k, v in sums.items()}
         out["train/grad_norm"] = Mean(sums["train/grad_norm"])  # each rank holds the same norm
         # the share of the response positions computed that are padding (this rank's, averaged)
