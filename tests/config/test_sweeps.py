@@ -264,3 +264,26 @@ def test_confirm_multi_repeats_the_decomposition_on_fresh_seeds_with_one_contras
     prereg = load(SWEEPS_DIR / "confirm_multi.yaml")
     assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
     assert prereg.min_seeds == 12 and prereg.baseline == "grpo"
+
+
+def test_sham_multi_tests_credit_alone_against_its_matched_control_on_fresh_seeds():
+    """sweeps/sham_multi.yaml (issue 55): oracle_credit against sham_credit on seeds 20-35 (none
+    of decompose_multi's or confirm_multi's), every other key as decompose_multi's, one declared
+    contrast with the sham as its baseline and the seeds fixed in the declaration."""
+    from creditlab.analysis.preregistration import load
+
+    base = {run: compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
+            for run in [(dict(o.split("=", 1) for o in job)["method"])]}
+    cells = set()
+    for job in sweep_jobs("sham_multi"):
+        cfg = compose_sweep_job("sham_multi", job)
+        run = validate(cfg)["run"]
+        cells.add((run.method, run.seed))
+        ref = base[run.method]
+        for key in ("trainer", "prompts_per_step", "model", "task", "optim", "rollout", "loss", "advantage"):
+            assert cfg[key] == ref[key], key
+        assert _same_eval_but_cadence(cfg, ref) and cfg.eval.every == 50
+    assert cells == set(itertools.product(["oracle_credit", "sham_credit"], range(20, 36)))
+    prereg = load(SWEEPS_DIR / "sham_multi.yaml")
+    assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
+    assert prereg.baseline == "sham_credit" and prereg.seeds == tuple(range(20, 36))
