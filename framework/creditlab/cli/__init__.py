@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         print("usage: creditlab {train,plugins,compare,credit-bench,eval} [args]\n"
               "  train [key=value ...] [-m]   run (or sweep with -m) the composed config\n"
               "  train --dry-run [key=value ...] [--memory-gib M]   the resolved parts and a memory estimate, no run\n"
+              "  train --plan [-m] [key=value ...] [--calibrate-steps 4]   each run's predicted wall-clock\n"
               "  plugins                      list registered parts\n"
               "  compare RUN_DIR... [--by method] [--baseline grpo]   report comparing runs\n"
               "  credit-bench [key=value ...] [--k 32] [--dry-run]   score estimators against Monte-Carlo truth\n"

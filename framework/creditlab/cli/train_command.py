@@ -1,6 +1,7 @@
 """``creditlab train [overrides] [-m]``: check the overrides (:mod:`creditlab.cli.overrides`),
 then hand over to Hydra, which runs one job or a multirun sweep; ``--dry-run`` prints the resolved
-parts and the memory estimate instead. The training stack (:mod:`creditlab.run.hydra_main`) is
+parts and the memory estimate instead, ``--plan`` each run's predicted wall-clock
+(:mod:`creditlab.run.cost_plan`). The training stack (:mod:`creditlab.run.hydra_main`) is
 imported when the command runs (see :mod:`creditlab.cli`)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from creditlab.cli.overrides import check
 from creditlab.errors import ConfigError, RegistryError, exit_with
 from creditlab.run.compose import searchpath_override, split_searchpath
 from creditlab.run.config import validate
+from creditlab.run.cost_plan import Plan, evaluations, plan
 from creditlab.run.memory import GIB, plan_run
 from creditlab.run.rundir_guard import RunDirError, check_run_dir
 
@@ -54,6 +56,39 @@ def dry_run(cfg: Any, prompt_tokens: int | None, memory_gib: float | None = None
                   "is not counted)")
 
 
+def clock(seconds: float) -> str:
+    """``1 h 02 min``, ``3 min 05 s`` or ``42 s``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def print_plan(result: Plan) -> None:
+    """Each job's predicted wall-clock, the calibrations it came from, and the total."""
+    console = Console(width=140)
+    jobs = [j.overrides for j in result.jobs]
+    varying = [i for i in range(max(map(len, jobs))) if len({o[i] if i < len(o) else "" for o in jobs}) > 1]
+    label = (lambda o: " ".join(o[i] for i in varying if i < len(o)) or " ".join(o) or "(defaults)")
+    table = Table(title="creditlab train --plan: predicted wall-clock per run, calibrated on this machine")
+    for col in ("run", "steps", "evaluations", "predicted"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for job, seconds in zip(result.jobs, result.seconds):
+        evals = evaluations(job.max_steps, job.eval_every)
+        table.add_row(label(job.overrides), str(job.max_steps), str(evals), "finished: skipped" if job.finished else clock(seconds))
+    cal = Table(title="calibrations (one short run per configuration, seeds aside; seconds)")
+    for col in ("configuration", "steps run", "first step", "step (median)", "evaluation", "set-up", "wall"):
+        cal.add_column(col, justify="left" if col == "configuration" else "right")
+    for job, c in result.calibrations.values():
+        cal.add_row(label(job.overrides), str(c.steps), f"{c.first_s:.2f}", f"{c.step_s:.2f}", f"{c.eval_s:.2f}",
+                    f"{c.setup_s:.2f}", f"{c.wall_s:.1f}")
+    console.print(table, cal)
+    todo = sum(not j.finished for j in result.jobs)
+    console.print(f"[bold]predicted: {clock(result.total_s)} for {todo} run(s)[/bold] ({len(result.jobs) - todo} already "
+                  f"finished; start-up and imports {result.import_s:.1f} s once), one run at a time on this machine. "
+                  "It assumes every step costs what the calibration's did (creditlab.run.cost_plan).")
+
+
 def train(argv: list[str]) -> None:
     """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``); with
     ``--dry-run [--prompt-tokens N] [--memory-gib M]``, print the resolved parts and the memory
@@ -73,7 +108,18 @@ def train(argv: list[str]) -> None:
             exit_with("--memory-gib M (the device's memory in GiB that auto sizes for, a number > 0, e.g. 24) "
                       "goes with --dry-run")
         memory, argv = float(value), argv[:i] + argv[i + 2 :]
-    argv = [a for a in argv if a != "--dry-run"]
+    steps = None
+    if "--calibrate-steps" in argv:
+        i = argv.index("--calibrate-steps")
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if "--plan" not in argv or not value.isdigit() or int(value) < 2:
+            exit_with("--calibrate-steps N (steps of each calibration run, an integer >= 2, e.g. 4) goes with --plan")
+        steps, argv = int(value), argv[:i] + argv[i + 2 :]
+    planning = "--plan" in argv
+    if planning and dry:
+        exit_with("--plan and --dry-run are separate: --dry-run prints the memory estimate without running "
+                  "anything, --plan runs a short calibration and predicts the wall-clock. Give one.")
+    argv = [a for a in argv if a not in ("--dry-run", "--plan")]
     overrides, skip, first = [], False, None
     for i, arg in enumerate(argv):
         if skip:
@@ -88,6 +134,11 @@ def train(argv: list[str]) -> None:
         cfg = check(overrides, machine=not dry)  # a dry run may plan for another machine
         if dry:  # the first combination of a sweep
             return dry_run(cfg, tokens, memory)
+        if planning:
+            try:
+                return print_plan(plan(overrides, bool({"-m", "--multirun"} & set(argv)), steps or 4))
+            except ConfigError as exc:
+                exit_with(str(exc))
         if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
             try:
                 check_run_dir(cfg.run_dir)

@@ -1,0 +1,207 @@
+"""A run's or a sweep's wall-clock before it runs (issue 54): ``creditlab train [-m] ... --plan``.
+
+Each distinct job configuration, seeds aside, is **calibrated** once on this machine: the job
+itself runs for a few steps (``trainer.max_steps=N``, ``eval.every=N``: evaluations at step 0
+and N) in a temporary folder, in a child process, and its ``metrics.jsonl`` gives
+
+* ``first_s``: the first RL step (it warms caches up), and ``step_s``: the median of the others;
+* ``eval_s``: the mean of its evaluations (``time/eval_s``);
+* ``setup_s``: the rest of the child's wall-clock (configuration, model load, checkpoints, the
+  run's files), less ``import_s``, what a child that only imports the training stack takes.
+
+A job of S steps, evaluated every E steps, is then predicted to take
+``setup_s + first_s + (S - 1) * step_s + evaluations(S, E) * eval_s``; a sweep adds ``import_s``
+once (Hydra runs its jobs in one process). A job whose folder already holds a finished run is
+predicted 0 s (a sweep skips it); a stopped or killed one as a whole run (an upper bound: it
+resumes from its last checkpoint). The prediction assumes every step costs what the
+calibration's did: a run whose answers grow or shrink during training drifts from it, which is
+why ``docs/sweeps.md`` reports the prediction beside a measured sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from creditlab.errors import ConfigError
+from creditlab.run.compose import CONF_DIR, searchpath_override, split_searchpath
+
+#: Keys that set where and how a run is recorded, or its randomness: jobs differing only in these
+#: share a calibration. ``trainer.max_steps`` and ``eval.every`` enter the prediction instead.
+NOT_COST = ("seed", "run_dir", "logger", "tags", "preregistration", "resume", "resume_mismatch")
+#: Overrides the calibration sets itself (a job's own value of these is dropped).
+CALIBRATION_KEYS = ("trainer.max_steps", "eval.every", "logger", "run_dir", "resume")
+IMPORT_PROBE = "import creditlab.run.hydra_main"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a plan: its overrides, schedule, folder and whether it already finished."""
+
+    overrides: tuple[str, ...]
+    max_steps: int
+    eval_every: int
+    folder: Path | None
+    finished: bool
+    cost_key: str
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds measured by a short run of a job on this machine (module docstring)."""
+
+    steps: int
+    first_s: float
+    step_s: float
+    eval_s: float
+    setup_s: float
+    wall_s: float
+
+    def predict(self, max_steps: int, eval_every: int) -> float:
+        """Predicted seconds of a run of ``max_steps`` steps evaluated every ``eval_every``."""
+        steps = self.first_s + max(max_steps - 1, 0) * self.step_s
+        return self.setup_s + steps + evaluations(max_steps, eval_every) * self.eval_s
+
+
+def evaluations(max_steps: int, eval_every: int) -> int:
+    """How many evaluations a run makes (:mod:`creditlab.step.eval_hooks`): at step 0, every
+    ``eval_every`` steps, and after the last step when that is not one of them; none at 0."""
+    if eval_every <= 0:
+        return 0
+    return 1 + max_steps // eval_every + (1 if max_steps % eval_every else 0)
+
+
+def _key(text: str) -> str:
+    return text.lstrip("+~").partition("=")[0]
+
+
+def _compose_with_hydra(overrides: list[str]) -> Any:
+    user, rest = split_searchpath(overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
+        return hydra_compose("train", overrides=[*searchpath_override(user), *rest], return_hydra_config=True)
+
+
+def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """Every job's override list, in Hydra's order: one job without ``multirun``; else the grid of
+    the config's ``hydra.sweeper.params`` (a sweep file's) and the command line's ``a=1,2``
+    sweeps, the command line winning on a shared key, as Hydra's basic sweeper builds it."""
+    if not multirun:
+        return [list(overrides)]
+    cfg = _compose_with_hydra(_first_values(overrides))
+    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
+    parsed = OverridesParser.create().parse_overrides([*params, *overrides])
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def _first_values(overrides: list[str]) -> list[str]:
+    """The overrides with every sweep at its first value (to read the sweep's own config)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    out = []
+    for text, ov in zip(overrides, parsed):
+        if ov.is_sweep_override():
+            prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
+            text = f"{prefix}{ov.get_key_element()}={next(iter(ov.sweep_string_iterator()))}"
+        out.append(text)
+    return out
+
+
+def describe(overrides: list[str], multirun: bool) -> Job:
+    """A job's schedule, its folder (a sweep job's ``hydra.sweep.dir/subdir``, a single run's
+    ``run_dir``), whether a finished run is there, and its calibration class."""
+    cfg = _compose_with_hydra(overrides)
+    try:
+        folder = Path(f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}") if multirun else Path(cfg.run_dir)
+    except OmegaConfBaseException:  # a value set only when Hydra launches the job (its default ${hydra.job.num})
+        folder = None
+    status = folder / "status.json" if folder is not None else None
+    finished = bool(status and status.is_file() and json.loads(status.read_text()).get("status") == "finished")
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    for key in (*NOT_COST, "hydra"):
+        plain.pop(key, None)
+    plain.get("trainer", {}).pop("max_steps", None)
+    plain.get("eval", {}).pop("every", None)
+    return Job(tuple(overrides), int(cfg.trainer.max_steps), int(cfg.eval.every), folder, finished,
+               json.dumps(plain, sort_keys=True, default=str))
+
+
+def import_seconds() -> float:
+    """Wall-clock of a child that only starts Python and imports the training stack."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", IMPORT_PROBE], check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def calibrate(overrides: tuple[str, ...], steps: int, eval_every: int, import_s: float) -> Calibration:
+    """Run the job for ``steps`` steps in a temporary folder (evaluating at 0 and ``steps`` when the
+    job evaluates at all) and measure it (module docstring).
+
+    Raises:
+        ConfigError: The short run failed (its error output's end is in the message).
+    """
+    kept = [o for o in overrides if _key(o) not in CALIBRATION_KEYS]
+    with tempfile.TemporaryDirectory(prefix="creditlab_plan_") as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "creditlab.cli", "train", *kept, f"trainer.max_steps={steps}",
+               f"eval.every={steps if eval_every > 0 else 0}", "logger=none", f"run_dir={run_dir}"]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise ConfigError(f"the calibration run failed ({' '.join(cmd[2:])}):\n{done.stderr[-2000:]}")
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    step_times = [r["time/step_s"] for r in sorted(rows, key=lambda r: r["step"]) if "time/step_s" in r]
+    eval_times = [r["time/eval_s"] for r in rows if "time/eval_s" in r]
+    if not step_times:
+        raise ConfigError(f"the calibration run ({' '.join(cmd[2:])}) logged no step time (time/step_s).")
+    first, rest = step_times[0], step_times[1:] or step_times
+    evals = statistics.fmean(eval_times) if eval_times else 0.0
+    setup = wall - sum(step_times) - sum(eval_times) - import_s
+    return Calibration(len(step_times), first, statistics.median(rest), evals, max(setup, 0.0), wall)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every job with its prediction, the calibrations and the one-off import time."""
+
+    jobs: list[Job]
+    seconds: list[float]
+    calibrations: dict[str, tuple[Job, Calibration]]
+    import_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.import_s + sum(self.seconds)
+
+
+def plan(overrides: list[str], multirun: bool, steps: int = 4) -> Plan:
+    """Describe every job, calibrate each class of jobs once (``steps`` steps), predict each job.
+
+    Raises:
+        ConfigError: ``steps`` below 2, or a calibration run failed.
+    """
+    if steps < 2:
+        raise ConfigError(f"--calibrate-steps {steps}: a calibration needs at least 2 steps (the first warms "
+                          "up; the others give the step time); e.g. --calibrate-steps 4.")
+    jobs = [describe(o, multirun) for o in job_overrides(overrides, multirun)]
+    import_s = import_seconds()
+    calibrations: dict[str, tuple[Job, Calibration]] = {}
+    for job in jobs:
+        if not job.finished and job.cost_key not in calibrations:
+            calibrations[job.cost_key] = (job, calibrate(job.overrides, steps, job.eval_every, import_s))
+    seconds = [0.0 if j.finished else calibrations[j.cost_key][1].predict(j.max_steps, j.eval_every) for j in jobs]
+    return Plan(jobs, seconds, calibrations, import_s)
