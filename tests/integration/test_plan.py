@@ -16,7 +16,8 @@ def test_a_calibrated_plan_of_a_small_sweep(tmp_path):
     (job, cal), = result.calibrations.values()
     assert cal.steps == 2 and cal.first_s > 0 and cal.step_s > 0 and cal.eval_s > 0
     assert cal.wall_s > cal.first_s + cal.step_s + 2 * cal.eval_s  # the child's start-up and model load
-    expected = cal.setup_s + cal.first_s + 9 * cal.step_s + evaluations(10, 5) * cal.eval_s
+    expected = cal.setup_s + cal.first_s + 9 * cal.step_s + evaluations(10, 5) * cal.eval_s  # the formula, used
     assert result.seconds == pytest.approx([expected, expected])
     assert result.total_s == pytest.approx(result.import_s + 2 * expected)
-    assert not any((tmp_path / str(i)).exists() for i in range(2))  # nothing written where the sweep will run
+    assert [j.folder for j in result.jobs] == [tmp_path / "0", tmp_path / "1"]
+    assert not any(j.folder.exists() for j in result.jobs)  # nothing written where the sweep will run

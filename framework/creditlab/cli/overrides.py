@@ -27,8 +27,8 @@ def _sweep_variants(overrides: list[str]) -> list[list[str]]:
         if not ov.is_sweep_override():
             values.append([text])
             continue
-        prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
-        values.append([f"{prefix}{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()])
+        # the key element keeps its prefix (+ or ++)
+        values.append([f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()])
     base = [v[0] for v in values]
     variants = [base]
     for i, options in enumerate(values):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.table import Table
 
@@ -75,18 +77,21 @@ def print_plan(result: Plan) -> None:
         table.add_column(col, justify="left" if col == "run" else "right")
     for job, seconds in zip(result.jobs, result.seconds):
         evals = evaluations(job.max_steps, job.eval_every)
-        table.add_row(label(job.overrides), str(job.max_steps), str(evals), "finished: skipped" if job.finished else clock(seconds))
+        done = f" ({job.done_steps} done)" if job.done_steps else ""
+        table.add_row(label(job.overrides), f"{job.max_steps}{done}", str(evals),
+                      f"finished: reloads, {clock(seconds)}" if job.finished else clock(seconds))
     cal = Table(title="calibrations (one short run per configuration, seeds aside; seconds)")
-    for col in ("configuration", "steps run", "first step", "step (median)", "evaluation", "set-up", "wall"):
+    for col in ("configuration", "steps run", "first step", "step (mean)", "evaluation", "set-up", "wall"):
         cal.add_column(col, justify="left" if col == "configuration" else "right")
     for job, c in result.calibrations.values():
         cal.add_row(label(job.overrides), str(c.steps), f"{c.first_s:.2f}", f"{c.step_s:.2f}", f"{c.eval_s:.2f}",
                     f"{c.setup_s:.2f}", f"{c.wall_s:.1f}")
     console.print(table, cal)
     todo = sum(not j.finished for j in result.jobs)
-    console.print(f"[bold]predicted: {clock(result.total_s)} for {todo} run(s)[/bold] ({len(result.jobs) - todo} already "
-                  f"finished; start-up and imports {result.import_s:.1f} s once), one run at a time on this machine. "
-                  "It assumes every step costs what the calibration's did (creditlab.run.cost_plan).")
+    console.print(f"[bold]predicted: {clock(result.total_s)} for {todo} run(s) to train[/bold] ({len(result.jobs) - todo} "
+                  f"already finished; start-up and imports {result.import_s:.1f} s once), one run at a time on this "
+                  "machine. It assumes every step costs what the calibration's did, and leaves out checkpoints after "
+                  "the first and W&B (creditlab.run.cost_plan).")
 
 
 def train(argv: list[str]) -> None:
@@ -109,16 +114,22 @@ def train(argv: list[str]) -> None:
                       "goes with --dry-run")
         memory, argv = float(value), argv[:i] + argv[i + 2 :]
     steps = None
-    if "--calibrate-steps" in argv:
-        i = argv.index("--calibrate-steps")
-        value = argv[i + 1] if i + 1 < len(argv) else ""
-        if "--plan" not in argv or not value.isdigit() or int(value) < 2:
-            exit_with("--calibrate-steps N (steps of each calibration run, an integer >= 2, e.g. 4) goes with --plan")
-        steps, argv = int(value), argv[:i] + argv[i + 2 :]
+    for i, arg in enumerate(argv):
+        if arg == "--calibrate-steps" or arg.startswith("--calibrate-steps="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            if "--plan" not in argv or not value.isdigit() or int(value) < 2:
+                exit_with("--calibrate-steps N (steps of each calibration run, an integer >= 2, e.g. 4) goes with --plan")
+            steps, argv = int(value), argv[:i] + argv[i + (1 if "=" in arg else 2) :]
+            break
     planning = "--plan" in argv
     if planning and dry:
         exit_with("--plan and --dry-run are separate: --dry-run prints the memory estimate without running "
                   "anything, --plan runs a short calibration and predicts the wall-clock. Give one.")
+    other = [a for a in argv if a.split("=")[0] in (*HYDRA_FLAGS_WITH_VALUE, "--info", "-i", "--help", "-h",
+                                                     "--hydra-help")]
+    if planning and other:
+        exit_with(f"--plan plans creditlab's own config with key=value overrides; {other[0]} is not "
+                  "supported with it.")
     argv = [a for a in argv if a not in ("--dry-run", "--plan")]
     overrides, skip, first = [], False, None
     for i, arg in enumerate(argv):
@@ -137,8 +148,8 @@ def train(argv: list[str]) -> None:
         if planning:
             try:
                 return print_plan(plan(overrides, bool({"-m", "--multirun"} & set(argv)), steps or 4))
-            except ConfigError as exc:
-                exit_with(str(exc))
+            except (ConfigError, HydraException, OmegaConfBaseException, OSError) as exc:
+                exit_with(f"--plan: {exc}")
         if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
             try:
                 check_run_dir(cfg.run_dir)

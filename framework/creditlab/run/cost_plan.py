@@ -2,20 +2,22 @@
 
 Each distinct job configuration, seeds aside, is **calibrated** once on this machine: the job
 itself runs for a few steps (``trainer.max_steps=N``, ``eval.every=N``: evaluations at step 0
-and N) in a temporary folder, in a child process, and its ``metrics.jsonl`` gives
+and N; ``checkpoint_every=N``: one checkpoint) in a temporary folder, in a child process, with
+``logger=none``, and its ``metrics.jsonl`` gives
 
-* ``first_s``: the first RL step (it warms caches up), and ``step_s``: the median of the others;
+* ``first_s``: the first RL step (it warms caches up), and ``step_s``: the mean of the others;
 * ``eval_s``: the mean of its evaluations (``time/eval_s``);
-* ``setup_s``: the rest of the child's wall-clock (configuration, model load, checkpoints, the
+* ``setup_s``: the rest of the child's wall-clock (configuration, model load, one checkpoint, the
   run's files), less ``import_s``, what a child that only imports the training stack takes.
 
 A job of S steps, evaluated every E steps, is then predicted to take
 ``setup_s + first_s + (S - 1) * step_s + evaluations(S, E) * eval_s``; a sweep adds ``import_s``
-once (Hydra runs its jobs in one process). A job whose folder already holds a finished run is
-predicted 0 s (a sweep skips it); a stopped or killed one as a whole run (an upper bound: it
-resumes from its last checkpoint). The prediction assumes every step costs what the
-calibration's did: a run whose answers grow or shrink during training drifts from it, which is
-why ``docs/sweeps.md`` reports the prediction beside a measured sweep.
+once (Hydra's basic launcher runs its jobs in one process). A job whose folder already holds a
+run is predicted from the last step it logged: the steps and evaluations left, plus ``setup_s``
+(a finished run still loads its model and checkpoint before the sweep moves on). Not predicted:
+checkpoints after the first (seconds each on the models here), a logger other than ``none``
+(W&B's start and finish), and anything a run does differently as it learns (answers that grow
+or shrink), which is why ``docs/sweeps.md`` reports the prediction beside a measured sweep.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from creditlab.run.compose import CONF_DIR, searchpath_override, split_searchpat
 #: Keys that set where and how a run is recorded, or its randomness: jobs differing only in these
 #: share a calibration. ``trainer.max_steps`` and ``eval.every`` enter the prediction instead.
 NOT_COST = ("seed", "run_dir", "logger", "tags", "preregistration", "resume", "resume_mismatch")
-#: Overrides the calibration sets itself (a job's own value of these is dropped).
-CALIBRATION_KEYS = ("trainer.max_steps", "eval.every", "logger", "run_dir", "resume")
+#: Overrides the calibration sets itself (a job's own value of these, or of a key under them, is
+#: dropped): its length, schedule, folder and logger.
+CALIBRATION_KEYS = ("trainer.max_steps", "eval.every", "checkpoint_every", "logger", "run_dir", "resume",
+                    "hydra.run", "hydra.sweep", "hydra.job")
 IMPORT_PROBE = "import creditlab.run.hydra_main"
 
 
@@ -57,8 +61,13 @@ class Job:
     max_steps: int
     eval_every: int
     folder: Path | None
-    finished: bool
+    done_steps: int
     cost_key: str
+
+    @property
+    def finished(self) -> bool:
+        """Whether its folder already holds every step (a sweep then only reloads it)."""
+        return self.done_steps >= self.max_steps
 
 
 @dataclass(frozen=True)
@@ -72,18 +81,27 @@ class Calibration:
     setup_s: float
     wall_s: float
 
-    def predict(self, max_steps: int, eval_every: int) -> float:
-        """Predicted seconds of a run of ``max_steps`` steps evaluated every ``eval_every``."""
-        steps = self.first_s + max(max_steps - 1, 0) * self.step_s
-        return self.setup_s + steps + evaluations(max_steps, eval_every) * self.eval_s
+    def predict(self, max_steps: int, eval_every: int, done: int = 0) -> float:
+        """Predicted seconds of a run of ``max_steps`` steps evaluated every ``eval_every``, of
+        which ``done`` were run before (a resume: no first step's warm-up counted again)."""
+        left = max(max_steps - done, 0)
+        steps = (self.first_s + max(left - 1, 0) * self.step_s) if done == 0 and left else left * self.step_s
+        return self.setup_s + steps + evaluations(max_steps, eval_every, done) * self.eval_s
 
 
-def evaluations(max_steps: int, eval_every: int) -> int:
-    """How many evaluations a run makes (:mod:`creditlab.step.eval_hooks`): at step 0, every
-    ``eval_every`` steps, and after the last step when that is not one of them; none at 0."""
+def evaluation_steps(max_steps: int, eval_every: int) -> list[int]:
+    """The steps a run evaluates after (:mod:`creditlab.step.eval_hooks`): 0, every
+    ``eval_every`` steps, and the last step when it is not one of them; none when ``eval_every``
+    is 0."""
     if eval_every <= 0:
-        return 0
-    return 1 + max_steps // eval_every + (1 if max_steps % eval_every else 0)
+        return []
+    steps = list(range(0, max_steps + 1, eval_every))
+    return steps if steps[-1] == max_steps else [*steps, max_steps]
+
+
+def evaluations(max_steps: int, eval_every: int, done: int = 0) -> int:
+    """How many evaluations a run makes, or has left after ``done`` steps."""
+    return sum(1 for s in evaluation_steps(max_steps, eval_every) if s > done or done == 0 == s)
 
 
 def _key(text: str) -> str:
@@ -102,7 +120,7 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     sweeps, the command line winning on a shared key, as Hydra's basic sweeper builds it."""
     if not multirun:
         return [list(overrides)]
-    cfg = _compose_with_hydra(_first_values(overrides))
+    cfg = _compose_with_hydra([*_first_values(overrides), "hydra.job.num=0"])
     params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
     parsed = OverridesParser.create().parse_overrides([*params, *overrides])
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
@@ -113,30 +131,45 @@ def _first_values(overrides: list[str]) -> list[str]:
     parsed = OverridesParser.create().parse_overrides(overrides)
     out = []
     for text, ov in zip(overrides, parsed):
-        if ov.is_sweep_override():
-            prefix = "+" if ov.is_add() else ("++" if ov.is_force_add() else "")
-            text = f"{prefix}{ov.get_key_element()}={next(iter(ov.sweep_string_iterator()))}"
+        if ov.is_sweep_override():  # the key element keeps its prefix (+ or ++)
+            text = f"{ov.get_key_element()}={next(iter(ov.sweep_string_iterator()))}"
         out.append(text)
     return out
 
 
-def describe(overrides: list[str], multirun: bool) -> Job:
-    """A job's schedule, its folder (a sweep job's ``hydra.sweep.dir/subdir``, a single run's
-    ``run_dir``), whether a finished run is there, and its calibration class."""
-    cfg = _compose_with_hydra(overrides)
+def describe(overrides: list[str], multirun: bool, num: int = 0) -> Job:
+    """A job's schedule, its folder (a sweep job's ``hydra.sweep.dir/subdir``, ``num`` being its
+    place in the sweep, as Hydra's ``hydra.job.num``; a single run's ``run_dir``), the steps a run
+    there already logged, and its calibration class."""
+    cfg = _compose_with_hydra([*overrides, f"hydra.job.num={num}"])
     try:
         folder = Path(f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}") if multirun else Path(cfg.run_dir)
-    except OmegaConfBaseException:  # a value set only when Hydra launches the job (its default ${hydra.job.num})
+    except OmegaConfBaseException:  # a value set only when Hydra launches the job
         folder = None
-    status = folder / "status.json" if folder is not None else None
-    finished = bool(status and status.is_file() and json.loads(status.read_text()).get("status") == "finished")
     plain = OmegaConf.to_container(cfg, resolve=False)
     for key in (*NOT_COST, "hydra"):
         plain.pop(key, None)
     plain.get("trainer", {}).pop("max_steps", None)
     plain.get("eval", {}).pop("every", None)
-    return Job(tuple(overrides), int(cfg.trainer.max_steps), int(cfg.eval.every), folder, finished,
+    return Job(tuple(overrides), int(cfg.trainer.max_steps), int(cfg.eval.every), folder, logged_steps(folder),
                json.dumps(plain, sort_keys=True, default=str))
+
+
+def logged_steps(folder: Path | None) -> int:
+    """The last RL step a run in ``folder`` logged (0: none there). A resume restarts from its last
+    checkpoint, up to ``checkpoint_every`` steps earlier, so a stopped run is predicted a little short."""
+    metrics = folder / "metrics.jsonl" if folder is not None else None
+    if metrics is None or not metrics.is_file():
+        return 0
+    steps = [0]
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut off by a kill
+            continue
+        if "time/step_s" in row:
+            steps.append(int(row["step"]))
+    return max(steps)
 
 
 def import_seconds() -> float:
@@ -153,17 +186,21 @@ def calibrate(overrides: tuple[str, ...], steps: int, eval_every: int, import_s:
     Raises:
         ConfigError: The short run failed (its error output's end is in the message).
     """
-    kept = [o for o in overrides if _key(o) not in CALIBRATION_KEYS]
+    kept = [o for o in overrides if not any(_key(o) == k or _key(o).startswith(k + ".") for k in CALIBRATION_KEYS)]
     with tempfile.TemporaryDirectory(prefix="creditlab_plan_") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "creditlab.cli", "train", *kept, f"trainer.max_steps={steps}",
-               f"eval.every={steps if eval_every > 0 else 0}", "logger=none", f"run_dir={run_dir}"]
+               f"eval.every={steps if eval_every > 0 else 0}", f"checkpoint_every={steps}", "logger=none",
+               f"run_dir={run_dir}"]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if done.returncode != 0:
             raise ConfigError(f"the calibration run failed ({' '.join(cmd[2:])}):\n{done.stderr[-2000:]}")
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        metrics = run_dir / "metrics.jsonl"
+        if not metrics.is_file():
+            raise ConfigError(f"the calibration run ({' '.join(cmd[2:])}) wrote no {metrics}.")
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     step_times = [r["time/step_s"] for r in sorted(rows, key=lambda r: r["step"]) if "time/step_s" in r]
     eval_times = [r["time/eval_s"] for r in rows if "time/eval_s" in r]
     if not step_times:
@@ -171,7 +208,7 @@ def calibrate(overrides: tuple[str, ...], steps: int, eval_every: int, import_s:
     first, rest = step_times[0], step_times[1:] or step_times
     evals = statistics.fmean(eval_times) if eval_times else 0.0
     setup = wall - sum(step_times) - sum(eval_times) - import_s
-    return Calibration(len(step_times), first, statistics.median(rest), evals, max(setup, 0.0), wall)
+    return Calibration(len(step_times), first, statistics.fmean(rest), evals, max(setup, 0.0), wall)
 
 
 @dataclass(frozen=True)
@@ -192,16 +229,23 @@ def plan(overrides: list[str], multirun: bool, steps: int = 4) -> Plan:
     """Describe every job, calibrate each class of jobs once (``steps`` steps), predict each job.
 
     Raises:
-        ConfigError: ``steps`` below 2, or a calibration run failed.
+        ConfigError: ``steps`` below 2, a launcher other than Hydra's basic one, or a calibration
+            run failed.
     """
+    launchers = [o for o in overrides if _key(o) == "hydra/launcher" and not o.endswith("=basic")]
+    if launchers:
+        raise ConfigError(f"--plan predicts runs one at a time on this machine; {launchers[0]} runs them "
+                          "elsewhere. Plan without it (the calibration then measures this machine).")
     if steps < 2:
         raise ConfigError(f"--calibrate-steps {steps}: a calibration needs at least 2 steps (the first warms "
                           "up; the others give the step time); e.g. --calibrate-steps 4.")
-    jobs = [describe(o, multirun) for o in job_overrides(overrides, multirun)]
+    jobs = [describe(o, multirun, i) for i, o in enumerate(job_overrides(overrides, multirun))]
     import_s = import_seconds()
     calibrations: dict[str, tuple[Job, Calibration]] = {}
     for job in jobs:
         if not job.finished and job.cost_key not in calibrations:
             calibrations[job.cost_key] = (job, calibrate(job.overrides, steps, job.eval_every, import_s))
-    seconds = [0.0 if j.finished else calibrations[j.cost_key][1].predict(j.max_steps, j.eval_every) for j in jobs]
+    # A class whose every job finished is not calibrated: its reloads (set-up only) count 0 s.
+    seconds = [calibrations[j.cost_key][1].predict(j.max_steps, j.eval_every, j.done_steps)
+               if j.cost_key in calibrations else 0.0 for j in jobs]
     return Plan(jobs, seconds, calibrations, import_s)
