@@ -1,7 +1,7 @@
 """Bad overrides end with one clear line naming the fix."""
 
 import pytest
-from creditlab.cli.overrides import check
+from creditlab.cli.overrides import _sweep_variants, check
 
 
 def _message(capsys, overrides):
@@ -101,3 +101,10 @@ def test_rollout_strategy_keys_and_selectors_name_the_fix(capsys):
     assert "Did you mean 'rollout.split'" in err
     err = _message(capsys, ["model.accelerator=fast"])
     assert "model.accelerator must be one of auto, none, fused, compile" in err
+
+
+def test_sweep_overrides_with_a_prefix_are_checked_as_written():
+    """``+key=a,b`` and ``++key=a,b`` keep their prefix once in the values checked (a doubled
+    ``++++seed=4`` did not parse, so ``creditlab train -m ++seed=4,5`` was refused)."""
+    assert _sweep_variants(["++seed=4,5", "+foo=1"]) == [["++seed=4", "+foo=1"], ["++seed=5", "+foo=1"]]
+    assert _sweep_variants(["+foo=1,2"]) == [["+foo=1"], ["+foo=2"]]
