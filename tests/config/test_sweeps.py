@@ -244,23 +244,29 @@ def test_place_multi_is_the_decomposition_budget_for_every_other_method():
     assert [c.group for c in load(SWEEPS_DIR / "place_multi.yaml").contrasts] == methods
 
 
-def test_confirm_multi_repeats_the_decomposition_on_fresh_seeds_with_one_contrast():
-    """sweeps/confirm_multi.yaml: grpo and oracle_credit on seeds 8-19 (none of decompose_multi's),
-    every other key of the config as decompose_multi's, one declared contrast (no Holm penalty)."""
-    from creditlab.analysis.preregistration import load
-
+def _cells_like_decompose_multi(sweep: str) -> set[tuple[str, int]]:
+    """The (method, seed) cells of a follow-up sweep, after checking that each job's config is
+    decompose_multi's for its method (the evaluation's cadence aside: every 50 steps)."""
     base = {run: compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
             for run in [(dict(o.split("=", 1) for o in job)["method"])]}
     cells = set()
-    for job in sweep_jobs("confirm_multi"):
-        cfg = compose_sweep_job("confirm_multi", job)
+    for job in sweep_jobs(sweep):
+        cfg = compose_sweep_job(sweep, job)
         run = validate(cfg)["run"]
         cells.add((run.method, run.seed))
         ref = base[run.method]
         for key in ("trainer", "prompts_per_step", "model", "task", "optim", "rollout", "loss", "advantage"):
             assert cfg[key] == ref[key], key
         assert _same_eval_but_cadence(cfg, ref) and cfg.eval.every == 50
-    assert cells == set(itertools.product(["grpo", "oracle_credit"], range(8, 20)))
+    return cells
+
+
+def test_confirm_multi_repeats_the_decomposition_on_fresh_seeds_with_one_contrast():
+    """sweeps/confirm_multi.yaml: grpo and oracle_credit on seeds 8-19 (none of decompose_multi's),
+    every other key of the config as decompose_multi's, one declared contrast (no Holm penalty)."""
+    from creditlab.analysis.preregistration import load
+
+    assert _cells_like_decompose_multi("confirm_multi") == set(itertools.product(["grpo", "oracle_credit"], range(8, 20)))
     prereg = load(SWEEPS_DIR / "confirm_multi.yaml")
     assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
     assert prereg.min_seeds == 12 and prereg.baseline == "grpo"
@@ -272,18 +278,7 @@ def test_sham_multi_tests_credit_alone_against_its_matched_control_on_fresh_seed
     contrast with the sham as its baseline and the seeds fixed in the declaration."""
     from creditlab.analysis.preregistration import load
 
-    base = {run: compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
-            for run in [(dict(o.split("=", 1) for o in job)["method"])]}
-    cells = set()
-    for job in sweep_jobs("sham_multi"):
-        cfg = compose_sweep_job("sham_multi", job)
-        run = validate(cfg)["run"]
-        cells.add((run.method, run.seed))
-        ref = base[run.method]
-        for key in ("trainer", "prompts_per_step", "model", "task", "optim", "rollout", "loss", "advantage"):
-            assert cfg[key] == ref[key], key
-        assert _same_eval_but_cadence(cfg, ref) and cfg.eval.every == 50
-    assert cells == set(itertools.product(["oracle_credit", "sham_credit"], range(20, 36)))
+    assert _cells_like_decompose_multi("sham_multi") == set(itertools.product(["oracle_credit", "sham_credit"], range(20, 36)))
     prereg = load(SWEEPS_DIR / "sham_multi.yaml")
     assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
     assert prereg.baseline == "sham_credit" and prereg.seeds == tuple(range(20, 36))
