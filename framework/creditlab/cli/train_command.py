@@ -20,6 +20,7 @@ from creditlab.run.compose import searchpath_override, split_searchpath
 from creditlab.run.config import validate
 from creditlab.run.cost_plan import Plan, evaluations, plan
 from creditlab.run.memory import GIB, plan_run
+from creditlab.run.parallel import JOB_LOG, check_memory, prepare_models, run_jobs, sweep_jobs, thread_count
 from creditlab.run.rundir_guard import RunDirError, check_run_dir
 
 HYDRA_FLAGS_WITH_VALUE = {
@@ -94,6 +95,43 @@ def print_plan(result: Plan) -> None:
                   "the first and W&B (creditlab.run.cost_plan).")
 
 
+def parallel_sweep(overrides: list[str], jobs: int) -> None:
+    """``-m ... --jobs N``: the sweep's jobs as separate processes, at most ``N`` at a time
+    (:mod:`creditlab.run.parallel`), after its thread and memory checks."""
+    launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra/launcher=") and not o.endswith("=basic")]
+    if launcher:
+        exit_with(f"--jobs runs the sweep's jobs on this machine; {launcher[0]} runs them elsewhere. Give one of the two.")
+    try:
+        threads = thread_count(overrides, jobs)
+        todo = sweep_jobs(overrides)
+        notes = check_memory(todo, jobs)
+    except (ConfigError, RegistryError, HydraException, OmegaConfBaseException) as exc:
+        exit_with(f"--jobs: {exc}" if not str(exc).startswith("--jobs") else str(exc))
+    print(f"creditlab: {len(todo)} runs, at most {jobs} at a time, {threads} thread(s) each; memory: "
+          + "; ".join(notes), flush=True)
+    prepare_models(todo, threads, say=lambda line: print(line, flush=True))
+    try:
+        failed = run_jobs(todo, jobs, threads, say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if failed:
+        print("creditlab: error: failed: " + ", ".join(f"{j.folder} (log: {j.folder / JOB_LOG})" for j in failed),
+              file=sys.stderr)
+        sys.exit(1)
+
+
+def _jobs_flag(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``--jobs N`` (or ``--jobs=N``) taken out of ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == "--jobs" or arg.startswith("--jobs="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            if not value.isdigit() or int(value) < 1:
+                exit_with(f"--jobs {value or '(missing)'}: give the number of runs at once, an integer >= 1 "
+                          "(e.g. --jobs 2 on 2 cores: each run gets one thread).")
+            return int(value), argv[:i] + argv[i + (1 if "=" in arg else 2) :]
+    return None, argv
+
+
 def train(argv: list[str]) -> None:
     """Check the overrides, then run Hydra's main (one job, or a sweep with ``-m``); with
     ``--dry-run [--prompt-tokens N] [--memory-gib M]``, print the resolved parts and the memory
@@ -121,6 +159,12 @@ def train(argv: list[str]) -> None:
                 exit_with("--calibrate-steps N (steps of each calibration run, an integer >= 2, e.g. 4) goes with --plan")
             steps, argv = int(value), argv[:i] + argv[i + (1 if "=" in arg else 2) :]
             break
+    jobs, argv = _jobs_flag(argv)
+    if jobs is not None and not {"-m", "--multirun"} & set(argv):
+        exit_with("--jobs N runs a sweep's jobs side by side; it goes with -m (e.g. creditlab train -m seed=0,1 --jobs 2).")
+    if jobs is not None and ("--plan" in argv or dry):
+        exit_with("--jobs runs the sweep; --plan and --dry-run only look at it. Give them without --jobs "
+                  "(--plan predicts one run at a time).")
     planning = "--plan" in argv
     if planning and dry:
         exit_with("--plan and --dry-run are separate: --dry-run prints the memory estimate without running "
@@ -129,6 +173,9 @@ def train(argv: list[str]) -> None:
                                                      "--hydra-help")]
     if planning and other:
         exit_with(f"--plan plans creditlab's own config with key=value overrides; {other[0]} is not "
+                  "supported with it.")
+    if jobs is not None and other:
+        exit_with(f"--jobs launches creditlab's own config with key=value overrides; {other[0]} is not "
                   "supported with it.")
     argv = [a for a in argv if a not in ("--dry-run", "--plan")]
     overrides, skip, first = [], False, None
@@ -150,6 +197,8 @@ def train(argv: list[str]) -> None:
                 return print_plan(plan(overrides, bool({"-m", "--multirun"} & set(argv)), steps or 4))
             except (ConfigError, HydraException, OmegaConfBaseException, OSError) as exc:
                 exit_with(f"--plan: {exc}")
+        if jobs is not None:
+            return parallel_sweep(overrides, jobs)
         if not {"-m", "--multirun"} & set(argv):  # before Hydra creates the folder and its log
             try:
                 check_run_dir(cfg.run_dir)

@@ -108,7 +108,7 @@ def _key(text: str) -> str:
     return text.lstrip("+~").partition("=")[0]
 
 
-def _compose_with_hydra(overrides: list[str]) -> Any:
+def compose_with_hydra(overrides: list[str]) -> Any:
     user, rest = split_searchpath(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
         return hydra_compose("train", overrides=[*searchpath_override(user), *rest], return_hydra_config=True)
@@ -120,7 +120,7 @@ def job_overrides(overrides: list[str], multirun: bool) -> list[list[str]]:
     sweeps, the command line winning on a shared key, as Hydra's basic sweeper builds it."""
     if not multirun:
         return [list(overrides)]
-    cfg = _compose_with_hydra([*_first_values(overrides), "hydra.job.num=0"])
+    cfg = compose_with_hydra([*_first_values(overrides), "hydra.job.num=0"])
     params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.params or {}).items()]
     parsed = OverridesParser.create().parse_overrides([*params, *overrides])
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
@@ -141,7 +141,7 @@ def describe(overrides: list[str], multirun: bool, num: int = 0) -> Job:
     """A job's schedule, its folder (a sweep job's ``hydra.sweep.dir/subdir``, ``num`` being its
     place in the sweep, as Hydra's ``hydra.job.num``; a single run's ``run_dir``), the steps a run
     there already logged, and its calibration class."""
-    cfg = _compose_with_hydra([*overrides, f"hydra.job.num={num}"])
+    cfg = compose_with_hydra([*overrides, f"hydra.job.num={num}"])
     try:
         folder = Path(f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}") if multirun else Path(cfg.run_dir)
     except OmegaConfBaseException:  # a value set only when Hydra launches the job

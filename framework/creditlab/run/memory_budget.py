@@ -22,12 +22,16 @@ MARGIN_FRACTION, MARGIN_BYTES, BUDGET_STEP = 0.1, 2 * GIB, 256
 #: micro-batches updated in 44 s against 62 s for the whole 64-row batch, at 5.3 against 14.2 GiB;
 #: docs/real-model.md), and the rest stays free for the estimators' phases and the machine.
 BATCH_SHARE = 1 / 8
+#: Set by ``creditlab train -m ... --jobs N`` (:mod:`creditlab.run.parallel`) in each job's
+#: environment: N runs share the CPU's memory, so each sizes ``auto`` for ``1/N`` of it.
+SHARE_ENV = "CREDITLAB_MEMORY_SHARE"
 
 
 def available_memory(accelerator: str, device: int | None = None) -> tuple[int, str] | None:
     """``(bytes, what they are)`` the run's device has, or ``None`` where this machine cannot
     tell: the CPU's RAM (the smaller of the machine's and its cgroup's limit), a CUDA device's free
-    memory (``device``, else ``LOCAL_RANK``'s); no CUDA device, or another accelerator: ``None``."""
+    memory (``device``, else ``LOCAL_RANK``'s); no CUDA device, or another accelerator: ``None``.
+    The CPU's is divided by :data:`SHARE_ENV` where a parallel sweep set it."""
     if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", 0)) if device is None else device
         free, _ = torch.cuda.mem_get_info(index)
@@ -41,8 +45,16 @@ def available_memory(accelerator: str, device: int | None = None) -> tuple[int, 
         except OSError:
             continue
         if value.isdigit() and 0 < int(value) < ram:
-            return int(value), f"this machine's cgroup memory limit ({limit})"
-    return int(ram), "this machine's RAM"
+            return _shared(int(value), f"this machine's cgroup memory limit ({limit})")
+    return _shared(int(ram), "this machine's RAM")
+
+
+def _shared(memory: int, what: str) -> tuple[int, str]:
+    """``memory`` divided among the jobs of a parallel sweep (:data:`SHARE_ENV`), if any."""
+    share = os.environ.get(SHARE_ENV, "")
+    if not share.isdigit() or int(share) <= 1:
+        return memory, what
+    return memory // int(share), f"{what}, shared by {share} parallel sweep jobs"
 
 
 def usable(memory: float) -> float:
