@@ -5,7 +5,11 @@ themselves (the same metrics as Hydra's launcher) are in tests/integration/test_
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
 
 import pytest
 
@@ -14,7 +18,9 @@ from creditlab.cli import train_command
 from creditlab.errors import ConfigError
 from creditlab.run import parallel
 from creditlab.run.memory_budget import GIB, SHARE_ENV, available_memory
-from creditlab.run.parallel import SweepJob, _command, check_memory, run_jobs, sweep_jobs, thread_count
+from creditlab.run.parallel import (
+    SweepJob, SweepStopped, _command, _ended, _env, _quoted, check_memory, run_jobs, sweep_jobs, thread_count,
+)
 
 
 @pytest.mark.parametrize("overrides, jobs, cores, expected", [
@@ -49,12 +55,43 @@ def test_a_sweep_folder_with_the_time_in_it_is_resolved_once():
     assert jobs[0].folder.parent.parent.name == "multirun"
 
 
+def test_a_sweep_folder_may_depend_on_the_jobs_values(tmp_path):
+    jobs = sweep_jobs(["method=grpo,dr_grpo", f"hydra.sweep.dir={tmp_path}/" + "${method}", "hydra.sweep.subdir=s"])
+    assert [j.folder for j in jobs] == [tmp_path / "grpo" / "s", tmp_path / "dr_grpo" / "s"]
+
+
+def test_two_jobs_in_one_folder_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"jobs 0 \(.*\) and 1 \(.*\) would both run in"):
+        sweep_jobs(["trainer.max_steps=20,40", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=same"])
+
+
+@pytest.mark.parametrize("override", ["hydra.job.chdir=true", "hydra/sweeper=optuna"])
+def test_what_the_jobs_would_not_get_is_refused(override):
+    with pytest.raises(ConfigError, match="is not passed to the jobs"):
+        sweep_jobs(["seed=0,1", override])
+
+
+def test_values_are_quoted_for_hydra_only_when_needed():
+    assert _quoted("multirun/a_b-1.x") == "multirun/a_b-1.x"
+    assert _quoted("/tmp/a b,c") == "'/tmp/a b,c'" and _quoted("it's") == "'it\\'s'"
+
+
+def test_idle_threads_sleep_only_when_jobs_share_the_cores(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert _env(2)["OMP_WAIT_POLICY"] == "PASSIVE" and "OMP_WAIT_POLICY" not in _env(1)
+
+
+def test_how_a_job_ended_is_said_in_words():
+    assert _ended(2) == "exit 2" and _ended(-15) == "killed by SIGTERM"
+    assert _ended(-9) == "killed by SIGKILL (out of memory? its peak is in jobs.jsonl)"
+
+
 def test_each_job_runs_as_its_own_command_with_its_folder_and_threads(tmp_path):
     job = SweepJob(3, ("method=grpo", "seed=1", "threads=2", f"hydra.sweep.dir={tmp_path}", "run_dir=x"),
                    tmp_path / "3", "k", tmp_path)
     cmd = _command(job, 1)
     assert cmd[:4] == [sys.executable, "-m", "creditlab.cli", "train"]
-    assert cmd[4:] == ["method=grpo", "seed=1", "threads=1", f"run_dir='{tmp_path / '3'}'"]
+    assert cmd[4:] == ["method=grpo", "seed=1", "threads=1", f"run_dir={tmp_path / '3'}"]
 
 
 def test_memory_is_planned_for_each_jobs_share():
@@ -80,10 +117,10 @@ def test_each_job_sizes_auto_for_its_share(monkeypatch):
     assert shared[0] == whole[0] // 2 and shared[1] == f"{whole[1]}, shared by 2 parallel sweep jobs"
 
 
-def _fake(tmp_path, codes, monkeypatch):
+def _fake(tmp_path, codes, monkeypatch, sleep=0.3):
     """Jobs whose commands exit with ``codes`` (and print their number), in ``tmp_path/<n>``."""
     monkeypatch.setattr(parallel, "_command", lambda job, threads: [
-        sys.executable, "-c", f"import time; print('job {job.num} threads {threads}'); time.sleep(0.3); "
+        sys.executable, "-c", f"import time; print('job {job.num} threads {threads}', flush=True); time.sleep({sleep}); "
                               f"raise SystemExit({codes[job.num]})"])
     return [SweepJob(n, (f"seed={n}",), tmp_path / str(n), "k", tmp_path) for n in range(len(codes))]
 
@@ -106,6 +143,19 @@ def test_a_failure_starts_no_new_job_and_is_named(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "jobs.jsonl").read_text())["exit"] == 3
     assert said[-1] == f"[1/3] FAILED (exit 3) {tmp_path / '0'}: see {tmp_path / '0' / 'job.log'}"
     assert not (tmp_path / "1").exists()
+
+
+def test_a_signal_stops_the_running_jobs_and_starts_no_new_one(tmp_path, monkeypatch):
+    said = []
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with pytest.raises(SweepStopped) as stopped:
+        run_jobs(_fake(tmp_path, [0, 0, 0], monkeypatch, sleep=30), 2, 1, said.append)
+    assert time.monotonic() - t0 < 20 and stopped.value.signum == signal.SIGTERM and stopped.value.unfinished == 3
+    assert sorted(s for s in said if "stopped" in s) == [f"[1/3] stopped (killed by SIGTERM) {tmp_path / '0'}",
+                                                         f"[2/3] stopped (killed by SIGTERM) {tmp_path / '1'}"]
+    assert not (tmp_path / "2").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,6 +6,8 @@ imported when the command runs (see :mod:`creditlab.cli`)."""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from typing import Any
 
@@ -15,12 +17,12 @@ from rich.console import Console
 from rich.table import Table
 
 from creditlab.cli.overrides import check
-from creditlab.errors import ConfigError, RegistryError, exit_with
+from creditlab.errors import ConfigError, InputError, RegistryError, exit_with
 from creditlab.run.compose import searchpath_override, split_searchpath
 from creditlab.run.config import validate
 from creditlab.run.cost_plan import Plan, evaluations, plan
 from creditlab.run.memory import GIB, plan_run
-from creditlab.run.parallel import JOB_LOG, check_memory, prepare_models, run_jobs, sweep_jobs, thread_count
+from creditlab.run.parallel import JOB_LOG, SweepStopped, check_memory, prepare_models, run_jobs, sweep_jobs, thread_count
 from creditlab.run.rundir_guard import RunDirError, check_run_dir
 
 HYDRA_FLAGS_WITH_VALUE = {
@@ -97,27 +99,38 @@ def print_plan(result: Plan) -> None:
 
 def parallel_sweep(overrides: list[str], jobs: int) -> None:
     """``-m ... --jobs N``: the sweep's jobs as separate processes, at most ``N`` at a time
-    (:mod:`creditlab.run.parallel`), after its thread and memory checks."""
+    (:mod:`creditlab.run.parallel`), after its thread and memory checks; every error one line."""
     launcher = [o for o in overrides if o.lstrip("+~").startswith("hydra/launcher=") and not o.endswith("=basic")]
     if launcher:
         exit_with(f"--jobs runs the sweep's jobs on this machine; {launcher[0]} runs them elsewhere. Give one of the two.")
+    say = (lambda line: print(line, flush=True))
+    todo: list[Any] = []
     try:
-        threads = thread_count(overrides, jobs)
         todo = sweep_jobs(overrides)
+        jobs = min(jobs, len(todo))  # fewer jobs than slots: the cores and memory go to the jobs there are
+        threads = thread_count(overrides, jobs)
         notes = check_memory(todo, jobs)
-    except (ConfigError, RegistryError, HydraException, OmegaConfBaseException) as exc:
-        exit_with(f"--jobs: {exc}" if not str(exc).startswith("--jobs") else str(exc))
-    print(f"creditlab: {len(todo)} runs, at most {jobs} at a time, {threads} thread(s) each; memory: "
-          + "; ".join(notes), flush=True)
-    prepare_models(todo, threads, say=lambda line: print(line, flush=True))
-    try:
-        failed = run_jobs(todo, jobs, threads, say=lambda line: print(line, flush=True))
-    except KeyboardInterrupt:
-        sys.exit(130)
+        say(f"creditlab: {len(todo)} runs, at most {jobs} at a time, {threads} thread(s) each; memory: " + "; ".join(notes))
+        prepare_models(todo, threads, say=say)
+        failed = run_jobs(todo, jobs, threads, say=say)
+    except (ConfigError, RegistryError, InputError, HydraException, OmegaConfBaseException, OSError) as exc:
+        exit_with(str(exc) if str(exc).startswith("--jobs") else f"--jobs: {exc}")
+    except (KeyboardInterrupt, SweepStopped) as exc:
+        signum = exc.signum if isinstance(exc, SweepStopped) else signal.SIGINT
+        again = resume_line(overrides, todo, jobs) if todo else "the same command"
+        print(f"creditlab: {str(exc) or 'interrupted (Ctrl-C)'}\n  resume with: {again}", file=sys.stderr)
+        sys.exit(128 + signum)
     if failed:
-        print("creditlab: error: failed: " + ", ".join(f"{j.folder} (log: {j.folder / JOB_LOG})" for j in failed),
-              file=sys.stderr)
+        print("creditlab: error: failed: " + ", ".join(f"{j.folder} (log: {j.folder / JOB_LOG})" for j in failed)
+              + f"\n  after fixing it, resume with: {resume_line(overrides, todo, jobs)}", file=sys.stderr)
         sys.exit(1)
+
+
+def resume_line(overrides: list[str], todo: list[Any], jobs: int) -> str:
+    """The command that resumes this sweep: its overrides with the sweep folder pinned (a folder
+    named by the time would be a new one)."""
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "hydra.sweep.dir"]
+    return shlex.join(["creditlab", "train", "-m", *kept, f"hydra.sweep.dir={todo[0].sweep}", "--jobs", str(jobs)])
 
 
 def _jobs_flag(argv: list[str]) -> tuple[int | None, list[str]]:

@@ -110,7 +110,8 @@ def _key(text: str) -> str:
 
 def compose_with_hydra(overrides: list[str]) -> Any:
     user, rest = split_searchpath(overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="creditlab"):
+    # job_name: as Hydra names the job of ``creditlab train`` (its main's module), for ${hydra.job.name}
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="hydra_main"):
         return hydra_compose("train", overrides=[*searchpath_override(user), *rest], return_hydra_config=True)
 
 
@@ -137,11 +138,14 @@ def _first_values(overrides: list[str]) -> list[str]:
     return out
 
 
-def describe(overrides: list[str], multirun: bool, num: int = 0) -> Job:
+def describe(overrides: list[str], multirun: bool, num: int = 0, like: Any = None) -> Job:
     """A job's schedule, its folder (a sweep job's ``hydra.sweep.dir/subdir``, ``num`` being its
     place in the sweep, as Hydra's ``hydra.job.num``; a single run's ``run_dir``), the steps a run
-    there already logged, and its calibration class."""
+    there already logged, and its calibration class. ``like``: a config whose resolver cache the
+    job's takes (``${now:...}`` then names the same time, as Hydra's launcher does for a sweep)."""
     cfg = compose_with_hydra([*overrides, f"hydra.job.num={num}"])
+    if like is not None:
+        OmegaConf.copy_cache(from_config=like, to_config=cfg)
     try:
         folder = Path(f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}") if multirun else Path(cfg.run_dir)
     except OmegaConfBaseException:  # a value set only when Hydra launches the job

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,7 +63,9 @@ SET_BY_LAUNCHER = ("run_dir", "hydra.run", "hydra.sweep", "hydra.job")
 
 @dataclass(frozen=True)
 class SweepJob:
-    """One job of the sweep: its place in Hydra's order, its overrides and its run folder."""
+    """One job of the sweep: its place in Hydra's order, its overrides, its run folder, its
+    configuration class (:attr:`creditlab.run.cost_plan.Job.cost_key`) and the sweep folder (job
+    0's ``hydra.sweep.dir``, where ``jobs.jsonl`` goes)."""
 
     num: int
     overrides: tuple[str, ...]
@@ -76,25 +79,41 @@ def _key(text: str) -> str:
 
 
 def _quoted(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """``value`` as a Hydra override value: plain if it is a plain path, else single-quoted."""
+    if re.fullmatch(r"[\w./@:+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def sweep_jobs(overrides: list[str]) -> list[SweepJob]:
     """Every job of the sweep ``overrides`` describe, with the folder Hydra's basic launcher would
-    give it: the sweep folder is resolved once (a ``${now:...}`` in it names one folder for all).
+    give it: each job's ``hydra.sweep.dir/subdir`` from its own config, with job 0's resolver
+    cache (a ``${now:...}`` names one time for all, as in Hydra's launcher).
 
     Raises:
-        ConfigError: The sweep folder or a job's subfolder cannot be resolved before launch.
+        ConfigError: A ``hydra.job`` override or another sweeper (not run by ``--jobs``), a folder
+            that cannot be resolved before launch, or two jobs in one folder.
     """
+    for text in overrides:
+        if _key(text).startswith("hydra.job.") or (_key(text) == "hydra/sweeper" and not text.endswith("=basic")):
+            raise ConfigError(f"--jobs runs each job as `creditlab train ... run_dir=<its folder>` with Hydra's basic "
+                              f"sweeper's grid; {text} is not passed to the jobs. Leave it out, or run the sweep "
+                              "without --jobs.")
     jobs = job_overrides(overrides, multirun=True)
-    sweep_dir = str(compose_with_hydra([*jobs[0], "hydra.job.num=0"]).hydra.sweep.dir)
-    out = []
+    first = compose_with_hydra([*jobs[0], "hydra.job.num=0"])
+    out: list[SweepJob] = []
     for num, job in enumerate(jobs):
-        described = describe([*job, f"hydra.sweep.dir={_quoted(sweep_dir)}"], True, num)
+        described = describe(job, True, num, like=first)
         if described.folder is None:
             raise ConfigError(f"--jobs: the run folder of job {num} ({' '.join(job)}) cannot be resolved before "
-                              "launch: hydra.sweep.subdir may use the job's config values and ${hydra.job.num} only.")
-        out.append(SweepJob(num, tuple(job), described.folder, described.cost_key, Path(sweep_dir)))
+                              "launch: hydra.sweep.dir and subdir may use the job's config values, ${now:...} and "
+                              "${hydra.job.num}.")
+        same = [j for j in out if j.folder == described.folder]
+        if same:
+            raise ConfigError(f"--jobs: jobs {same[0].num} ({' '.join(same[0].overrides)}) and {num} ({' '.join(job)}) "
+                              f"would both run in {described.folder}: make hydra.sweep.subdir name what differs "
+                              "(e.g. ${hydra.job.num}).")
+        out.append(SweepJob(num, tuple(job), described.folder, described.cost_key, Path(str(first.hydra.sweep.dir))))
     return out
 
 
@@ -199,6 +218,7 @@ def _record(r: _Running, seconds: float, peak_gib: float) -> None:
     row = {"num": r.job.num, "folder": str(r.job.folder), "exit": r.process.returncode, "seconds": round(seconds, 2),
            "peak_rss_gib": round(peak_gib, 3), "ended": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "overrides": list(r.job.overrides)}
+    r.job.sweep.mkdir(parents=True, exist_ok=True)
     with (r.job.sweep / JOBS_RECORD).open("a") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -211,34 +231,68 @@ def _command(job: SweepJob, threads: int) -> list[str]:
 
 
 def _env(share: int) -> dict[str, str]:
-    return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), SHARE_ENV: str(share)}
+    env = {**os.environ, SHARE_ENV: str(share)}
+    if share > 1:  # idle OpenMP threads sleep instead of spinning on a core another job needs
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def _ended(rc: int) -> str:
+    """How a job ended, in words: its exit status, or the signal that killed it."""
+    if rc >= 0:
+        return f"exit {rc}"
+    name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else f"signal {-rc}"
+    return f"killed by {name}" + (" (out of memory? its peak is in jobs.jsonl)" if -rc == signal.SIGKILL else "")
+
+
+class SweepStopped(Exception):
+    """The sweep was stopped by a signal (``signum``) after its running jobs stopped."""
+
+    def __init__(self, signum: int, unfinished: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}: {unfinished} job(s) not finished")
+        self.signum, self.unfinished = signum, unfinished
+
+
+#: Exit statuses of a job that stopped because it was asked to (a run's own, or the signal's).
+STOPPED = {128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP, -signal.SIGINT, -signal.SIGTERM,
+           -signal.SIGHUP}
+
+
+def _signal(r: _Running, signum: int) -> None:
+    if r.process.returncode is None:  # not reaped yet, so its pid is still its own
+        try:
+            os.kill(r.process.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def run_jobs(jobs: list[SweepJob], parallel: int, threads: int, say: Callable[[str], Any] = print) -> list[SweepJob]:
     """Run ``jobs`` as child processes, at most ``parallel`` at a time, in order. Returns the jobs
-    that failed (empty: all finished). A SIGINT or SIGTERM is passed on to the running jobs (each
-    stops at its next step and can be resumed), no new job starts, and ``KeyboardInterrupt`` is
-    raised once they have ended."""
+    that failed (empty: all finished). A SIGINT, SIGTERM or SIGHUP is passed on to the running
+    jobs (each stops at its next step and can be resumed), no new job starts, and
+    :class:`SweepStopped` is raised once they have ended. An error here stops the running jobs
+    (SIGTERM) before it propagates. A job outlives only a SIGKILL of this process."""
     pending, running, failed = list(jobs), [], []
-    stopping = False
+    stopped_by = 0
 
     def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
+        nonlocal stopped_by
+        stopped_by = stopped_by or signum
         for r in running:
-            if r.process.poll() is None:
-                r.process.send_signal(signum)
+            _signal(r, signum)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        while running or (pending and not failed and not stopping):
-            while pending and len(running) < parallel and not failed and not stopping:
+        while running or (pending and not failed and not stopped_by):
+            while pending and len(running) < parallel and not failed and not stopped_by:
                 job = pending.pop(0)
                 job.folder.mkdir(parents=True, exist_ok=True)
                 log = (job.folder / JOB_LOG).open("ab")
-                process = subprocess.Popen(_command(job, threads), stdout=log, stderr=subprocess.STDOUT,
-                                           env=_env(parallel), start_new_session=True)
+                process = subprocess.Popen(_command(job, threads), stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, env=_env(parallel), start_new_session=True)
                 running.append(_Running(job, process, log, time.monotonic()))
+                if stopped_by:  # a signal between the start and the line above
+                    _signal(running[-1], stopped_by)
                 say(f"[{job.num + 1}/{len(jobs)}] started {job.folder} (threads={threads})")
             time.sleep(0.2)
             for r in list(running):
@@ -250,20 +304,24 @@ def run_jobs(jobs: list[SweepJob], parallel: int, threads: int, say: Callable[[s
                 r.log.close()
                 seconds, peak = time.monotonic() - r.start, usage.ru_maxrss * 1024 / GIB  # Linux: KiB
                 _record(r, seconds, peak)
+                head = f"[{r.job.num + 1}/{len(jobs)}]"
                 if r.process.returncode == 0:
-                    say(f"[{r.job.num + 1}/{len(jobs)}] done {r.job.folder} in {seconds:.0f} s, peak {peak:.2f} GiB "
-                        "resident")
-                elif stopping:
+                    say(f"{head} done {r.job.folder} in {seconds:.0f} s, peak {peak:.2f} GiB resident")
+                elif stopped_by and r.process.returncode in STOPPED:
                     pending.append(r.job)
-                    say(f"[{r.job.num + 1}/{len(jobs)}] stopped (exit {r.process.returncode}) {r.job.folder}")
+                    say(f"{head} stopped ({_ended(r.process.returncode)}) {r.job.folder}")
                 else:
                     failed.append(r.job)
-                    say(f"[{r.job.num + 1}/{len(jobs)}] FAILED (exit {r.process.returncode}) {r.job.folder}: "
-                        f"see {r.job.folder / JOB_LOG}")
+                    say(f"{head} FAILED ({_ended(r.process.returncode)}) {r.job.folder}: see {r.job.folder / JOB_LOG}")
+    except BaseException:
+        for r in running:
+            _signal(r, signal.SIGTERM)
+        for r in running:
+            r.process.wait()
+        raise
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-    if stopping:
-        say(f"stopped: {len(pending) + len(failed)} job(s) not finished; run the same command again to resume them")
-        raise KeyboardInterrupt
+    if stopped_by:
+        raise SweepStopped(stopped_by, len(pending) + len(failed))
     return failed
