@@ -143,7 +143,8 @@ def thread_count(overrides: list[str], jobs: int, available: int | None = None) 
 
 def check_memory(jobs: list[SweepJob], share: int, memory: tuple[int, str] | None = None) -> list[str]:
     """Each configuration's memory plan (one per ``cost_key``) for ``1/share`` of the memory,
-    against the usable part of that share. Returns one line per configuration.
+    against the usable part of that share. Returns one line per planned peak, naming the jobs
+    whose configurations plan it (each for itself and the jobs like it, seeds aside).
 
     Raises:
         ConfigError: A configuration's planned peak does not fit its share (the message names the
@@ -154,7 +155,8 @@ def check_memory(jobs: list[SweepJob], share: int, memory: tuple[int, str] | Non
         raise ConfigError("--jobs: this machine's memory is unknown, so the runs' memory cannot be checked.")
     part = (memory[0] // share, f"{memory[1]}, shared by {share} jobs")
     room = usable(part[0])
-    lines, seen = [], set()
+    plans: dict[str, list[int]] = {}  # what a configuration plans -> the jobs that head such configurations
+    seen: set[str] = set()
     for job in jobs:
         if job.cost_key in seen:
             continue
@@ -176,9 +178,10 @@ def check_memory(jobs: list[SweepJob], share: int, memory: tuple[int, str] | Non
                 f"--jobs {share}: job {job.num} ({' '.join(job.overrides)}) plans {peak / GIB:.2f} GiB at its peak "
                 f"({phase}), more than the {room / GIB:.2f} GiB usable of each job's share ({part[0] / GIB:.1f} GiB of "
                 f"{memory[0] / GIB:.1f} GiB): {advice} (creditlab train --dry-run shows the plan).")
-        lines.append(f"job {job.num} and those like it: {peak / GIB:.2f} GiB planned at its peak ({phase}), "
-                     f"{room / GIB:.2f} GiB usable of its share")
-    return lines
+        plans.setdefault(f"{peak / GIB:.2f} GiB planned at the peak ({phase})", []).append(job.num)
+    return [f"{text} for job{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))} and those like "
+            f"{'them' if len(nums) > 1 else 'it'}, {room / GIB:.2f} GiB usable of each job's share"
+            for text, nums in plans.items()]
 
 
 def prepare_models(jobs: list[SweepJob], threads: int, say: Callable[[str], Any] = print) -> None:
