@@ -133,7 +133,8 @@ def test_jobs_run_at_most_n_at_a_time_each_with_its_log(tmp_path, monkeypatch):
     assert (tmp_path / "2" / "job.log").read_text() == "job 2 threads 1\n"
     records = [json.loads(line) for line in (tmp_path / "jobs.jsonl").read_text().splitlines()]
     assert sorted(r["num"] for r in records) == [0, 1, 2] and all(r["exit"] == 0 for r in records)
-    assert all(r["seconds"] >= 0.3 and 0 < r["peak_rss_gib"] < 1 for r in records)  # a bare Python: MiB, not GiB
+    # a peak is recorded (a child starts from its parent's pages: under pytest that parent may hold GiB)
+    assert all(r["seconds"] >= 0.3 and r["peak_rss_gib"] > 0 for r in records)
 
 
 def test_a_failure_starts_no_new_job_and_is_named(tmp_path, monkeypatch):
@@ -146,7 +147,7 @@ def test_a_failure_starts_no_new_job_and_is_named(tmp_path, monkeypatch):
 
 
 def test_a_signal_stops_the_running_jobs_and_starts_no_new_one(tmp_path, monkeypatch):
-    said = []
+    said, before = [], signal.getsignal(signal.SIGTERM)
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     t0 = time.monotonic()
     with pytest.raises(SweepStopped) as stopped:
@@ -155,7 +156,7 @@ def test_a_signal_stops_the_running_jobs_and_starts_no_new_one(tmp_path, monkeyp
     assert sorted(s for s in said if "stopped" in s) == [f"[1/3] stopped (killed by SIGTERM) {tmp_path / '0'}",
                                                          f"[2/3] stopped (killed by SIGTERM) {tmp_path / '1'}"]
     assert not (tmp_path / "2").exists()
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are put back
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back
 
 
 @pytest.mark.parametrize("args, message", [

@@ -24,8 +24,9 @@ of one thread each finished more runs an hour than one run of two threads (``doc
   before they start (:func:`prepare_models`), not by N jobs at once;
 * **one log a job**: its output goes to ``<run folder>/job.log``; a line is printed as each job
   starts and ends, and each job that ends adds a line to ``<sweep folder>/jobs.jsonl`` with its
-  exit status, wall-clock and peak resident memory (``os.wait4``: the job's process and the
-  largest of its children). The first failure starts no new job; the running ones finish, and the command
+  exit status, wall-clock and peak resident memory (``os.wait4``: the largest of the job's
+  process and its children; a child starts from this process's pages, so a peak below this
+  launcher's own size reads as that size). The first failure starts no new job; the running ones finish, and the command
   exits 1 naming each failed job and its log.
 """
 
