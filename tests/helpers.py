@@ -211,3 +211,17 @@ def load_script(relative: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def final_accuracies(results) -> dict:
+    """``{run name: (step, eval/sample_accuracy)}`` at each run's last evaluation, read from a
+    committed ``creditlab compare`` results file (``results.jsonl.gz``)."""
+    import gzip
+    import json
+
+    runs = {}
+    for line in gzip.open(results, "rt"):
+        run = json.loads(line)
+        last = [json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines() if "eval/sample_accuracy" in x][-1]
+        runs[run["name"]] = (last["step"], last["eval/sample_accuracy"])
+    return runs

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from creditlab.cli.compare_command import main as compare
+from tests.helpers import final_accuracies
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "confirm_multi" / "results.jsonl.gz"
 
@@ -31,13 +32,10 @@ def test_the_card_follows_from_the_committed_runs(tmp_path):
     assert test["p_value"] == pytest.approx(948 / 4096) and test["p_holm"] == test["p_value"]  # 0.231
     finals = {g["label"]: round(g["final"]["mean"], 3) for g in out["groups"]}
     assert finals == {"grpo": 0.480, "oracle_credit": 0.482}
-    runs = {}
     for line in gzip.open(RESULTS, "rt"):
-        run = json.loads(line)
-        config = run["files"]["config.yaml"]
+        config = json.loads(line)["files"]["config.yaml"]
         assert "threads: 2" in config and "every: 50" in config and "sampler: inverse_cdf" in config
-        last = [json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines() if "eval/sample_accuracy" in x][-1]
-        runs[run["name"]] = (last["step"], last["eval/sample_accuracy"])
+    runs = final_accuracies(RESULTS)
     diffs = [round(runs[f"oracle_credit-seed{s}"][1] - runs[f"grpo-seed{s}"][1], 4) for s in range(8, 20)]
     assert {step for step, _ in runs.values()} == {100}
     assert diffs == [-0.0015, 0.01, 0.0035, 0.008, 0.0015, 0.0055, 0.004, -0.0045, 0.0075, 0.01, -0.008, -0.0075]

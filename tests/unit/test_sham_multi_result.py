@@ -5,13 +5,13 @@ difference, its interval, the exact p and the verdict, and each seed's differenc
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
 
 from creditlab.cli.compare_command import main as compare
+from tests.helpers import final_accuracies
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "sham_multi" / "results.jsonl.gz"
 
@@ -30,11 +30,7 @@ def test_the_card_follows_from_the_committed_runs(tmp_path):
     assert test["p_value"] == pytest.approx(68 / 65536) and test["p_holm"] == test["p_value"]  # 0.00104
     finals = {g["label"]: round(g["final"]["mean"], 3) for g in out["groups"]}
     assert finals == {"sham_credit": 0.476, "oracle_credit": 0.485}
-    runs = {}
-    for line in gzip.open(RESULTS, "rt"):
-        run = json.loads(line)
-        last = [json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines() if "eval/sample_accuracy" in x][-1]
-        runs[run["name"]] = (last["step"], last["eval/sample_accuracy"])
+    runs = final_accuracies(RESULTS)
     diffs = [round(runs[f"oracle_credit-seed{s}"][1] - runs[f"sham_credit-seed{s}"][1], 4) for s in range(20, 36)]
     assert {step for step, _ in runs.values()} == {100}
     assert diffs == [0.0105, 0.0155, 0.0135, 0.007, 0.005, 0.0145, 0.002, 0.0325,

@@ -104,7 +104,8 @@ def evaluations(max_steps: int, eval_every: int, done: int = 0) -> int:
     return sum(1 for s in evaluation_steps(max_steps, eval_every) if s > done or done == 0 == s)
 
 
-def _key(text: str) -> str:
+def override_key(text: str) -> str:
+    """The key an override sets, its prefix (``+``, ``++``, ``~``) and value aside."""
     return text.lstrip("+~").partition("=")[0]
 
 
@@ -190,7 +191,7 @@ def calibrate(overrides: tuple[str, ...], steps: int, eval_every: int, import_s:
     Raises:
         ConfigError: The short run failed (its error output's end is in the message).
     """
-    kept = [o for o in overrides if not any(_key(o) == k or _key(o).startswith(k + ".") for k in CALIBRATION_KEYS)]
+    kept = [o for o in overrides if not any(override_key(o) == k or override_key(o).startswith(k + ".") for k in CALIBRATION_KEYS)]
     with tempfile.TemporaryDirectory(prefix="creditlab_plan_") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "creditlab.cli", "train", *kept, f"trainer.max_steps={steps}",
@@ -236,7 +237,7 @@ def plan(overrides: list[str], multirun: bool, steps: int = 4) -> Plan:
         ConfigError: ``steps`` below 2, a launcher other than Hydra's basic one, or a calibration
             run failed.
     """
-    launchers = [o for o in overrides if _key(o) == "hydra/launcher" and not o.endswith("=basic")]
+    launchers = [o for o in overrides if override_key(o) == "hydra/launcher" and not o.endswith("=basic")]
     if launchers:
         raise ConfigError(f"--plan predicts runs one at a time on this machine; {launchers[0]} runs them "
                           "elsewhere. Plan without it (the calibration then measures this machine).")

@@ -50,7 +50,7 @@ from creditlab.errors import ConfigError
 from creditlab.run.compose import compose
 from creditlab.run.config import validate
 from creditlab.run.layout import cpu_cores
-from creditlab.run.cost_plan import compose_with_hydra, describe, job_overrides
+from creditlab.run.cost_plan import compose_with_hydra, describe, job_overrides, override_key
 from creditlab.run.memory import GIB, plan_run
 from creditlab.run.memory_budget import MARGIN_BYTES, MARGIN_FRACTION, SHARE_ENV, available_memory, usable
 from creditlab.run.models import resolve_model_path
@@ -75,10 +75,6 @@ class SweepJob:
     sweep: Path
 
 
-def _key(text: str) -> str:
-    return text.lstrip("+~").partition("=")[0]
-
-
 def _quoted(value: str) -> str:
     """``value`` as a Hydra override value: plain if it is a plain path, else single-quoted."""
     if re.fullmatch(r"[\w./@:+-]+", value):
@@ -96,7 +92,7 @@ def sweep_jobs(overrides: list[str]) -> list[SweepJob]:
             that cannot be resolved before launch, or two jobs in one folder.
     """
     for text in overrides:
-        if _key(text).startswith("hydra.job.") or (_key(text) == "hydra/sweeper" and not text.endswith("=basic")):
+        if override_key(text).startswith("hydra.job.") or (override_key(text) == "hydra/sweeper" and not text.endswith("=basic")):
             raise ConfigError(f"--jobs runs each job as `creditlab train ... run_dir=<its folder>` with Hydra's basic "
                               f"sweeper's grid; {text} is not passed to the jobs. Leave it out, or run the sweep "
                               "without --jobs.")
@@ -128,7 +124,7 @@ def thread_count(overrides: list[str], jobs: int, available: int | None = None) 
     if jobs > available:
         raise ConfigError(f"--jobs {jobs}: this machine lets the process use {available} cores, so at most "
                           f"--jobs {available} runs get a core each.")
-    given = [o for o in overrides if _key(o) == "threads"]
+    given = [o for o in overrides if override_key(o) == "threads"]
     value = given[-1].partition("=")[2] if given else "0"
     if not value.isdigit():
         raise ConfigError(f"--jobs: {given[-1]} is not one thread count; give threads=N (one number) or leave it "
@@ -228,8 +224,8 @@ def _record(r: _Running, seconds: float, peak_gib: float) -> None:
 
 
 def _command(job: SweepJob, threads: int) -> list[str]:
-    kept = [o for o in job.overrides if not any(_key(o) == k or _key(o).startswith(k + ".") for k in SET_BY_LAUNCHER)]
-    kept = [o for o in kept if _key(o) != "threads"]
+    kept = [o for o in job.overrides if not any(override_key(o) == k or override_key(o).startswith(k + ".") for k in SET_BY_LAUNCHER)]
+    kept = [o for o in kept if override_key(o) != "threads"]
     return [sys.executable, "-m", "creditlab.cli", "train", *kept, f"threads={threads}",
             f"run_dir={_quoted(str(job.folder))}"]
 
