@@ -21,6 +21,7 @@ from creditlab.errors import ConfigError, RegistryError, closest
 from creditlab.registry import REGISTRIES, build_config
 from creditlab.run.compose import CONF_DIR
 from creditlab.run.layout import plan
+from creditlab.run import precision
 from creditlab.run.models import ModelConfig
 from creditlab.step.evaluation import EvalConfig
 from creditlab.step.losses import LossConfig
@@ -180,6 +181,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.precision": (
         "32-true", "32", 32, "64-true", "64", 64, "16-mixed", "16", 16, "bf16-mixed", "bf16",
         "16-true", "bf16-true", "transformer-engine", "transformer-engine-float16",
+        "auto",  # resolved by validate() (creditlab.run.precision): bf16-mixed only where the hardware has bf16 units
     ),
 }
 _ABSENT = object()
@@ -312,10 +314,15 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         per part kind (the rollout strategy's under ``rollout_strategy``), and ``launch`` (the
         :class:`~creditlab.run.layout.LaunchPlan`) when there is a ``trainer`` section.
 
+    ``trainer.precision: auto`` is resolved here, in ``cfg`` itself (:func:`creditlab.run.precision.resolve`),
+    so that everything after (the memory plan, ``config.yaml``, the trainer) sees the precision
+    chosen; ``precision`` is then the line saying what was chosen and why (None otherwise).
+
     Raises:
         ConfigError: Unknown top-level key or section key, wrong type, inconsistent settings.
         RegistryError: Unknown or broken plug-in.
     """
+    chosen = precision.resolve(cfg)
     known = {f.name for f in fields(RunConfig)} | set(SECTIONS) | set(PART_KINDS) | set(LIBRARY_SECTIONS)
     known |= set(DECLARATIONS)
     for key in cfg:
@@ -328,7 +335,7 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
             )
     check_ranges(cfg)
     top = {k: _plain(cfg[k]) for k in cfg if k in {f.name for f in fields(RunConfig)}}
-    out: dict[str, Any] = {"run": build_config(RunConfig, top, "config")}
+    out: dict[str, Any] = {"run": build_config(RunConfig, top, "config"), "precision": chosen}
     out["preregistration"] = parse_preregistration(_plain(cfg.get("preregistration")), require_margin=True)
     core, strategy_name, strategy, strategy_config = _rollout_section(dict(_plain(cfg.get("rollout", {})) or {}))
     out["rollout"] = core

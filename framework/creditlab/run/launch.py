@@ -151,7 +151,10 @@ def run(cfg: DictConfig, out_dir: str | Path, records: dict[str, str] | None = N
                 print(note, file=sys.stderr)
             (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             (out_dir / "plugins.json").write_text(json.dumps(provenance(cfg), indent=2))
-            (out_dir / "environment.json").write_text(json.dumps(environment(), indent=2))
+            chosen = {"precision": checked["precision"]} if checked["precision"] else {}
+            if chosen:
+                print(f"[creditlab] {checked['precision']}", file=sys.stderr)
+            (out_dir / "environment.json").write_text(json.dumps({**environment(), **chosen}, indent=2))
             for name, text in (records or {}).items():
                 (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
                 (out_dir / name).write_text(text)
