@@ -14,6 +14,7 @@ from creditlab import testing  # contract checks and fakes: creditlab.testing
 from creditlab.errors import ConfigError, InputError, RegistryError
 from creditlab.interfaces import (
     AdvantageEstimator,
+    DecodeWatch,
     GenerationBackend,
     Part,
     PolicyHandle,
@@ -58,7 +59,7 @@ __all__ = [
     "__version__",
     # interfaces
     "Part", "Task", "GenerationBackend", "Verifier", "Segmenter", "ResetSelector",
-    "RolloutStrategy", "AdvantageEstimator", "PolicyHandle", "SampleFn",
+    "RolloutStrategy", "AdvantageEstimator", "PolicyHandle", "SampleFn", "DecodeWatch",
     # data types
     "Problem", "SamplingParams", "GenerationRequest", "Completion", "Rewards", "Trajectory",
     "Spans", "Segments", "ResetPoint", "RolloutBatch", "Advantages", "StepOracle", "RolloutConfig",

@@ -194,3 +194,16 @@ def test_the_credit_controls_read_lines_on_the_real_problem_experiment(control):
     cfg = compose(["experiment=smollm2_word_problems_grpo", f"method={control}"])
     validate(cfg)
     assert cfg.advantage.name == control and cfg.advantage.delimiter == "\n"
+
+
+def test_one_pass_thought_decoding_is_checked_before_the_model_loads(monkeypatch):
+    from creditlab.backends.hf import HFBackend
+
+    assert validate(compose(["rollout.thought_decoding=one_pass"]))["rollout"].thought_config.decoding == "one_pass"
+    with pytest.raises(ConfigError, match="end_at_eos=true"):
+        validate(compose(["rollout.thought_decoding=one_pass", "rollout.end_at_eos=false"]))
+    with pytest.raises(ConfigError, match="rounds or one_pass"):
+        validate(compose(["rollout.thought_decoding=single"]))
+    monkeypatch.setattr(HFBackend, "watches", False)  # a backend without generate_watched
+    with pytest.raises(ConfigError, match="use rollout.thought_decoding=rounds"):
+        validate(compose(["rollout.thought_decoding=one_pass"]))

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditlab.accel.support import base_linear, effective_weight, inner_model, is_lora, supported
+from creditlab.accel.fused_layer import Layer, rms_norm, signed_sin
+from creditlab.accel.support import base_linear, inner_model, is_lora, supported
 from creditlab.step.forward import dynamic_rope
 
 __all__ = ["FusedDecoder"]
@@ -43,80 +44,9 @@ DEFAULT_COPY_BUDGET_MB = 512.0
 #: Default context width from which rows sharing a context share its keys/values in decoding
 #: (see ``FusedDecoder.start``).
 DEFAULT_MIN_SHARED_CONTEXT = 32
-
-
-def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """``LlamaRMSNorm.forward`` / ``Qwen2RMSNorm.forward`` for float32 (``F.rms_norm`` runs the
-    same ops: ``weight * (x * rsqrt(mean(x²) + eps))``)."""
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-
-
-def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """``rotate_half(x) * sin == x.roll(D/2, -1) * _signed_sin(sin)`` (``rotate_half`` negates the
-    second half and swaps the halves)."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-class _Layer:
-    """The weights one decoder layer's step reads (fused copies or the module's own tensors)."""
-
-    def __init__(self, layer: Any, fuse: bool, dtype: torch.dtype = torch.float32) -> None:
-        a, mlp = layer.self_attn, layer.mlp
-        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
-        self.fused = fuse
-        if fuse:  # weight copies in ``dtype`` (LoRA merged in); biases stay float32
-            qkv = [base_linear(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
-            self.w_qkv = torch.cat([effective_weight(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
-                                   ).t().to(dtype).contiguous()
-            self.b_qkv = (
-                torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
-                           for p in qkv])
-                if any(p.bias is not None for p in qkv) else None
-            )
-            gu = [base_linear(p) for p in (mlp.gate_proj, mlp.up_proj)]
-            self.w_gu = torch.cat([effective_weight(p) for p in (mlp.gate_proj, mlp.up_proj)]
-                                  ).t().to(dtype).contiguous()
-            self.b_gu = (
-                torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
-                           for p in gu])
-                if any(p.bias is not None for p in gu) else None
-            )
-            self.w_o = effective_weight(a.o_proj).t().to(dtype).contiguous()
-            self.b_o = base_linear(a.o_proj).bias
-            self.w_down = effective_weight(mlp.down_proj).t().to(dtype).contiguous()
-            self.b_down = base_linear(mlp.down_proj).bias
-        else:
-            self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
-            self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
-        self.inter = mlp.gate_proj.out_features
-
-    @staticmethod
-    def _mm(x: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """(A, in) float32 @ (in, out) + (out,): float32, the product in ``w_t``'s dtype."""
-        if w_t.dtype == torch.float32:
-            return torch.addmm(b, x, w_t) if b is not None else torch.mm(x, w_t)
-        y = torch.mm(x.to(w_t.dtype), w_t).float()
-        return y.add_(b) if b is not None else y
-
-    def qkv(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return self._mm(x, self.w_qkv, self.b_qkv)
-        return torch.cat([F.linear(x, p.weight, p.bias) for p in (self.q, self.k, self.v)], dim=-1)
-
-    def o_proj(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return self._mm(x, self.w_o, self.b_o)
-        return F.linear(x, self.o.weight, self.o.bias)
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            gu = self._mm(x, self.w_gu, self.b_gu)
-            act = F.silu(gu[:, : self.inter]) * gu[:, self.inter :]
-            return self._mm(act, self.w_down, self.b_down)
-        act = F.silu(F.linear(x, self.gate.weight, self.gate.bias)) * F.linear(
-            x, self.up.weight, self.up.bias)
-        return F.linear(act, self.down.weight, self.down.bias)
+#: Columns first allocated per row for generated tokens (all of ``max_new`` when fewer): a long
+#: budget that rows rarely fill (thoughts decoded in one pass) takes memory only as it is used.
+FIRST_ROOM = 128
 
 
 class FusedDecoder:
@@ -152,7 +82,7 @@ class FusedDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = first.head_dim
         self.scaling = first.scaling
-        self.layers = [_Layer(layer, fuse, dtype) for layer in base.layers]
+        self.layers = [Layer(layer, fuse, dtype) for layer in base.layers]
         self.fused_weights = fuse
         self.dtype = dtype
 
@@ -196,7 +126,8 @@ class FusedDecoder:
         max_new: int,
         min_shared_context: int = DEFAULT_MIN_SHARED_CONTEXT,
     ) -> None:
-        """Take the prefilled keys/values and allocate room for ``max_new`` generated tokens.
+        """Take the prefilled keys/values and make room for ``max_new`` generated tokens (for
+        :data:`FIRST_ROOM` at first, twice as many each time they fill up).
 
         Args:
             prefill_cache: The model's cache after prefilling U contexts (left-padded to width W):
@@ -214,22 +145,41 @@ class FusedDecoder:
         if any(k.shape != (u, h_kv, w, d) for k in kp + vp):
             raise ValueError("prefill cache layers of different shapes")
         a = len(inverse)
-        self._w, self._n, self._mask = w, 0, context_mask
+        self._w, self._n, self._mask, self._max_new = w, 0, context_mask, max_new
         self._rope = None  # cos/sin tables by position, made at the first step
         self._split = u < a and w >= min_shared_context
+        room = min(max_new, FIRST_ROOM)  # columns for generated tokens; grown when they fill up
         if self._split:
             self._kp, self._vp = kp, vp
-            self._kg = [kp[0].new_empty((a, h_kv, max_new, d)) for _ in kp]
-            self._vg = [kp[0].new_empty((a, h_kv, max_new, d)) for _ in kp]
+            self._kg = [kp[0].new_empty((a, h_kv, room, d)) for _ in kp]
+            self._vg = [kp[0].new_empty((a, h_kv, room, d)) for _ in kp]
         else:  # one buffer per row: context columns [0, W), then the generated ones
             self._kp = self._vp = None
             self._kg, self._vg = [], []
             for src, dst in ((kp, self._kg), (vp, self._vg)):
                 for x in src:
-                    buf = x.new_empty((a, h_kv, w + max_new, d))
+                    buf = x.new_empty((a, h_kv, w + room, d))
                     torch.index_select(x, 0, inverse, out=buf[:, :, :w])
                     dst.append(buf)
         self._regroup(inverse)
+
+    def _room(self) -> int:
+        """Columns allocated for generated tokens."""
+        return self._kg[0].shape[2] - (0 if self._split else self._w)
+
+    def _grow(self) -> None:
+        """Twice the room for generated tokens (at most ``max_new``), the written columns copied."""
+        filled = self._n + (0 if self._split else self._w)
+        extra = min(self._room(), self._max_new - self._room())
+
+        def grown(x: torch.Tensor) -> torch.Tensor:
+            out = x.new_empty((x.shape[0], x.shape[1], x.shape[2] + extra, x.shape[3]))
+            out[:, :, :filled] = x[:, :, :filled]
+            return out
+
+        self._kg = [grown(k) for k in self._kg]
+        self._vg = [grown(v) for v in self._vg]
+        self._regroup(self._inverse)  # the padding bias spans the new columns
 
     def _regroup(self, inverse: torch.Tensor) -> None:
         """Row -> context map; each context's rows get consecutive query slots."""
@@ -314,7 +264,7 @@ class FusedDecoder:
         return x if self._slot is None else x.index_select(0, self._slot)
 
     def _rotary(self, h: torch.Tensor, positions: torch.Tensor, steps_left: int):
-        """(A, 1, D) cos and signed sin (see :func:`_signed_sin`) at ``positions``.
+        """(A, 1, D) cos and signed sin (see :func:`~creditlab.accel.fused_layer.signed_sin`) at ``positions``.
 
         The model's rotary module computes each position's values elementwise from the position
         alone, so for static RoPE types they are tabulated once (at the first step, up to the
@@ -323,11 +273,11 @@ class FusedDecoder:
         """
         if dynamic_rope(self.model):  # the model's own call at every step, as in its decoding
             cos, sin = self.rotary(h, positions[:, None])
-            return cos, _signed_sin(sin)
+            return cos, signed_sin(sin)
         if self._rope is None:
             end = int(positions.max()) + steps_left
             cos, sin = self.rotary(h, torch.arange(end, device=h.device)[None])
-            self._rope = (cos[0], _signed_sin(sin[0]))
+            self._rope = (cos[0], signed_sin(sin[0]))
         cos, sin = self._rope
         return cos.index_select(0, positions)[:, None], sin.index_select(0, positions)[:, None]
 
@@ -343,13 +293,15 @@ class FusedDecoder:
         h_q, h_kv, d = self.heads, self.kv_heads, self.head_dim
         group = h_q // h_kv
         n, w = self._n, self._w
-        if n >= self._kg[0].shape[2] - (0 if self._split else w):
+        if n >= self._max_new:
             raise RuntimeError(f"more decoding steps than the {n} allocated")
+        if n >= self._room():
+            self._grow()
         h = F.embedding(tokens, self.embed)
-        cos, sin = self._rotary(h, positions, self._kg[0].shape[2] - (0 if self._split else w) - n)
+        cos, sin = self._rotary(h, positions, self._max_new - n)
         half = d // 2
         for i, layer in enumerate(self.layers):
-            x = _rms_norm(h, layer.norm1)
+            x = rms_norm(h, layer.norm1)
             qkv = layer.qkv(x).view(a, h_q + 2 * h_kv, d)
             qk = qkv[:, : h_q + h_kv]
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # qk*cos + rotate_half(qk)*sin
@@ -376,9 +328,9 @@ class FusedDecoder:
                     torch.matmul(self._to_slots(probs[..., :w]), self._vp[i]), group)
                 out = out + torch.matmul(probs[..., w:], vg)  # (A, H_kv, G, D)
             h = h + layer.o_proj(out.reshape(a, h_q * d))
-            h = h + layer.mlp(_rms_norm(h, layer.norm2))
+            h = h + layer.mlp(rms_norm(h, layer.norm2))
         self._n = n + 1
-        x = _rms_norm(h, self.norm)
+        x = rms_norm(h, self.norm)
         if self.dtype == torch.float32:
             return self.lm_head(x)
         logits = F.linear(x.to(self.dtype), self.head_weight).float()

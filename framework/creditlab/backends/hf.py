@@ -31,23 +31,19 @@ from creditlab.accel.fused_decode import FusedDecoder
 from creditlab.backends.kv_cache import gatherable, make_cache, plain_kv, shared_contexts
 from creditlab.backends.prefix_store import PrefixStore, feed_last, keep_rows, past_cache
 from creditlab.backends.sampling import (
+    END_REASONS,
     SAMPLERS,
     SamplingPlan,
     check_requests,
+    end_rows,
     make_plan,
     sample_tokens,
-    split_stops,
-    text_stop,
     validate_sampling,
 )
 from creditlab.errors import ConfigError
-from creditlab.interfaces import GenerationBackend
+from creditlab.interfaces import DecodeWatch, GenerationBackend
 from creditlab.step.forward import CACHE_KEY, accepts_logits_to_keep, cache_of, keep_last, position_ids
 from creditlab.types import Completion, GenerationRequest, Mean, SamplingParams, Sum
-
-
-#: A completion's finish reasons, indexed as the decoding loop records them.
-END_REASONS = ("length", "eos", "stop")
 
 
 class HFBackend(GenerationBackend):
@@ -66,6 +62,8 @@ class HFBackend(GenerationBackend):
     The tokenizer's ``eos_token_id`` ends a row and is kept in ``response_ids``.
     ``Completion.text`` is ``decode(response_ids, skip_special_tokens=True)``.
     """
+
+    watches = True  # generate_watched: thought-by-thought generation in one pass
 
     @dataclass
     class Config:
@@ -155,6 +153,18 @@ class HFBackend(GenerationBackend):
         self, requests: Sequence[GenerationRequest], sampling: SamplingParams
     ) -> list[Completion]:
         """One completion per request, in request order (see the class docstring)."""
+        return self._run(requests, sampling, None)
+
+    def generate_watched(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams, watch: DecodeWatch
+    ) -> list[Completion]:
+        """:meth:`generate`, with ``watch`` shown each live row's tokens (on the host, every
+        step) and ending rows where it says."""
+        return self._run(requests, sampling, watch)
+
+    def _run(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams, watch: DecodeWatch | None
+    ) -> list[Completion]:
         validate_sampling(sampling)
         requests = list(requests)
         context = getattr(self.model.config, "max_position_embeddings", None)
@@ -191,7 +201,9 @@ class HFBackend(GenerationBackend):
                         self.model, self.config.fused_copy_budget_mb, self.dtype)
                 for lo in range(0, len(order), bs):
                     idx = order[lo : lo + bs]
-                    for i, c in zip(idx, self._generate_batch([requests[i] for i in idx], plan, gen)):
+                    batch = self._generate_batch([requests[i] for i in idx], plan, gen,
+                                                 None if watch is None else (watch, idx))
+                    for i, c in zip(idx, batch):
                         results[i] = c
         finally:
             self._fused = None  # drop the weight copies
@@ -242,9 +254,11 @@ class HFBackend(GenerationBackend):
             return self.model(**kwargs)
 
     def _generate_batch(
-        self, reqs: list[GenerationRequest], plan: SamplingPlan, gen: torch.Generator
+        self, reqs: list[GenerationRequest], plan: SamplingPlan, gen: torch.Generator,
+        watch: tuple[DecodeWatch, list[int]] | None = None,
     ) -> list[Completion]:
-        """Decode one forward batch of N requests (N <= max_batch_size)."""
+        """Decode one forward batch of N requests (N <= max_batch_size); ``watch``: a watch and
+        each request's index in the call."""
         device = self._device()
         n, max_new = len(reqs), plan.max_new_tokens
         contexts = [tuple(r.prompt_ids) + tuple(r.prefix_ids) for r in reqs]
@@ -253,7 +267,7 @@ class HFBackend(GenerationBackend):
         ended_at = torch.full((n,), max_new, dtype=torch.long, device=device)  # a row's length
         why = torch.zeros((n,), dtype=torch.long, device=device)  # index into END_REASONS
         if max_new > 0:
-            self._decode(contexts, plan, gen, device, out_tokens, out_logp, ended_at, why)
+            self._decode(contexts, plan, gen, device, out_tokens, out_logp, ended_at, why, watch)
 
         tokens, (logps, ents) = out_tokens.tolist(), out_logp.tolist()  # the batch's one copy to the host
         lengths, reasons = ended_at.tolist(), [END_REASONS[i] for i in why.tolist()]
@@ -273,7 +287,7 @@ class HFBackend(GenerationBackend):
             for i, r in enumerate(reqs)
         ]
 
-    def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, ended_at, why) -> None:
+    def _decode(self, contexts, plan, gen, device, out_tokens, out_logp, ended_at, why, watch=None) -> None:
         """The decoding loop; fills, on the model's device and in place, ``out_tokens`` (N, max_new),
         ``out_logp`` (2, N, max_new: log-probs, then entropies; both valid up to each row's
         length), and per row ``ended_at`` (N,) its length and ``why`` (N,) the index of its
@@ -296,7 +310,6 @@ class HFBackend(GenerationBackend):
         uniforms = None if plan.greedy or legacy else torch.rand(
             (n, max_new), generator=gen, dtype=torch.float64, device=device)
         cache = make_cache(self.model, width + max_new, self.config.preallocate_kv) if use_cache else None
-        stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
         shared = None
         if use_cache and self.config.share_prefill and gatherable(cache):
             shared = shared_contexts(contexts)
@@ -358,22 +371,7 @@ class HFBackend(GenerationBackend):
             out_tokens[rows, step] = tok  # finished rows too: past their length, cut off
             out_logp[:, rows, step] = torch.stack([logp, ent])
 
-            is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
-            is_stop = torch.isin(tok, stop_ids) if len(plan.stop_token_ids) else None
-            if plan.stop_texts:
-                text_hit = torch.zeros_like(alive)
-                hits = text_stop(self.tokenizer, plan, out_tokens, rows[alive], step + 1)  # decodes on the host
-                text_hit[alive] = hits.to(device)
-                is_stop = text_hit if is_stop is None else is_stop | text_hit
-            ended = torch.zeros_like(alive)
-            for flag, reason in ((is_eos, END_REASONS.index("eos")), (is_stop, END_REASONS.index("stop"))):
-                if flag is None:
-                    continue
-                newly = flag & alive & ~ended
-                ended_at[rows] = torch.where(newly, step + 1, ended_at[rows])
-                why[rows] = torch.where(newly, reason, why[rows])
-                ended |= newly
-            alive &= ~ended
+            end_rows(self.tokenizer, plan, step, tok, out_tokens, rows, alive, ended_at, why, watch)
             n_dead = 0 if (step + 1) % every else len(rows) - int(alive.sum())  # a look at the host
             done = step + 1 == max_new or n_dead == len(rows)  # rows alive at the end: "length"
             compact = bool(n_dead) and n_dead >= self.config.compact_fraction * len(rows)

@@ -1,5 +1,5 @@
 """Sampling settings checked and applied the same way by every backend: validation, the context
-check, and the per-step draw of the HF backend's decoding loop.
+check, and the per-step draw and row endings of the HF backend's decoding loop.
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ from typing import Any
 import torch
 
 from creditlab.errors import InputError
+from creditlab.interfaces import DecodeWatch
+from creditlab.step.stops import completes, split_stops, window
 from creditlab.types import GenerationRequest, SamplingParams
+
+__all__ = [
+    "END_REASONS", "SAMPLERS", "SamplingPlan", "check_requests", "end_rows", "inverse_cdf",
+    "make_plan", "sample_tokens", "split_stops", "text_stop", "validate_sampling",
+]
+
+#: A completion's finish reasons, indexed as the decoding loop records them.
+END_REASONS = ("length", "eos", "stop")
 
 
 def validate_sampling(sp: SamplingParams) -> None:
@@ -185,19 +195,6 @@ def _masked_entropy(logp: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
-def split_stops(tokenizer: Any, stop: Sequence[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """``(token ids, texts)``: stop strings that are exactly one token (matched by id, as the HF
-    backend does) and the others (matched in the generated text)."""
-    ids, texts = [], []
-    for s in stop:
-        enc = tokenizer.encode(s, add_special_tokens=False)
-        if len(enc) == 1 and tokenizer.decode(enc, skip_special_tokens=False) == s:
-            ids.append(int(enc[0]))
-        else:
-            texts.append(s)
-    return tuple(ids), tuple(texts)
-
-
 def text_stop(
     tokenizer: Any, plan: SamplingPlan, out_tokens: torch.Tensor, rows: torch.Tensor, n_new: int
 ) -> torch.Tensor:
@@ -210,13 +207,53 @@ def text_stop(
         rows: (A',) batch rows to check.
         n_new: Tokens generated so far (the latest is at column ``n_new - 1``).
     """
-    width = max(len(s) for s in plan.stop_texts) + 2
-    windows = out_tokens[rows, max(0, n_new - width) : n_new].tolist()
+    windows = out_tokens[rows, max(0, n_new - window(plan.stop_texts)) : n_new].tolist()
     kw = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
     full = tokenizer.batch_decode(windows, **kw)
     prev = tokenizer.batch_decode([w[:-1] for w in windows], **kw)
-    hit = [
-        any(t.find(s, max(0, len(p) - len(s) + 1)) != -1 for s in plan.stop_texts)
-        for t, p in zip(full, prev)
-    ]
+    hit = [completes(t, p, plan.stop_texts) for t, p in zip(full, prev)]
     return torch.tensor(hit, dtype=torch.bool, device=rows.device)
+
+
+def end_rows(
+    tokenizer: Any, plan: SamplingPlan, step: int, tok: torch.Tensor, out_tokens: torch.Tensor,
+    rows: torch.Tensor, alive: torch.Tensor, ended_at: torch.Tensor, why: torch.Tensor,
+    watch: tuple[DecodeWatch, Sequence[int]] | None = None,
+) -> None:
+    """Record the rows that the step's tokens end: at EOS, after a stop string, or where a
+    :class:`~creditlab.interfaces.DecodeWatch` says; clears them in ``alive`` (in place).
+
+    Args:
+        tokenizer, plan: The call's tokenizer and sampling plan.
+        step: The step (its tokens are column ``step`` of ``out_tokens``).
+        tok: (A,) the step's tokens, one per batch row in ``rows``.
+        out_tokens: (N, max_new) generated tokens of the forward batch.
+        rows: (A,) long, batch row -> row of the forward batch.
+        alive: (A,) bool, rows not ended before this step.
+        ended_at, why: (N,) each row's length and index in :data:`END_REASONS`, set for the
+            rows this step ends.
+        watch: The watch and, per row of the forward batch, its request index (or None).
+    """
+    is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
+    is_stop = torch.isin(tok, torch.tensor(plan.stop_token_ids, device=tok.device)) if plan.stop_token_ids else None
+    if plan.stop_texts:
+        text_hit = torch.zeros_like(alive)
+        text_hit[alive] = text_stop(tokenizer, plan, out_tokens, rows[alive], step + 1).to(alive.device)
+        is_stop = text_hit if is_stop is None else is_stop | text_hit
+    ended = torch.zeros_like(alive)
+    for flag, reason in ((is_eos, END_REASONS.index("eos")), (is_stop, END_REASONS.index("stop"))):
+        if flag is None:
+            continue
+        newly = flag & alive & ~ended
+        ended_at[rows] = torch.where(newly, step + 1, ended_at[rows])
+        why[rows] = torch.where(newly, reason, why[rows])
+        ended |= newly
+    alive &= ~ended
+    if watch is None:
+        return
+    dec, request_of = watch
+    live = alive.nonzero().squeeze(1)
+    for i, b, t in zip(live.tolist(), rows[live].tolist(), tok[live].tolist()):  # on the host
+        reason = dec.observe(request_of[b], t)
+        if reason is not None:
+            ended_at[b], why[b], alive[i] = step + 1, END_REASONS.index(reason), False

@@ -13,6 +13,7 @@ from creditlab.interfaces.handle import PolicyHandle, check_frozen, offset_embed
 from creditlab.interfaces.parts import (
     INTERFACES,
     AdvantageEstimator,
+    DecodeWatch,
     EmptyConfig,
     GenerationBackend,
     Part,
@@ -26,6 +27,6 @@ from creditlab.interfaces.parts import (
 
 __all__ = [
     "SampleFn", "EmptyConfig", "Part", "check_frozen", "offset_embeddings", "PolicyHandle", "Task",
-    "GenerationBackend", "Verifier", "Segmenter", "ResetSelector", "RolloutStrategy",
+    "GenerationBackend", "DecodeWatch", "Verifier", "Segmenter", "ResetSelector", "RolloutStrategy",
     "AdvantageEstimator", "INTERFACES",
 ]

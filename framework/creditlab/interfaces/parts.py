@@ -81,10 +81,24 @@ class Task(Part):
         """Problems of ``split`` (``"train"`` or ``"test"``)."""
 
 
+class DecodeWatch(abc.ABC):
+    """Reads a decoding pass token by token and ends rows early: how thought-by-thought
+    generation runs in one backend call (:func:`creditlab.step.generation.generate_thoughts`)."""
+
+    @abc.abstractmethod
+    def observe(self, row: int, token: int) -> str | None:
+        """Called once for each token sampled for request ``row`` that neither is its EOS nor
+        completes one of the call's stop strings (those end the row as usual), in order.
+        Returns ``"stop"`` or ``"length"`` to end the row after this token (its finish
+        reason), else ``None``."""
+
+
 class GenerationBackend(Part):
     """Samples completions from the policy."""
 
     kind = "backend"
+    #: Whether :meth:`generate_watched` is implemented.
+    watches: ClassVar[bool] = False
 
     def __init__(self, config: Any | None = None, *, model: Any, tokenizer: Any) -> None:
         """Args: config: the backend's Config; model: the policy (a ``transformers`` causal LM,
@@ -98,6 +112,13 @@ class GenerationBackend(Part):
         self, requests: Sequence[GenerationRequest], sampling: SamplingParams
     ) -> list[Completion]:
         """One completion per request, in request order."""
+
+    def generate_watched(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams, watch: DecodeWatch
+    ) -> list[Completion]:
+        """:meth:`generate`, with ``watch`` shown every token and ending rows where it says
+        (backends with ``watches = True``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not decode with a DecodeWatch")
 
     def load_weights(self, state_dict: dict[str, torch.Tensor] | None) -> None:  # noqa: B027
         """Sync the engine's weights with the trainer's, after every RL step.

@@ -352,6 +352,9 @@ def validate(cfg: DictConfig) -> dict[str, Any]:
         options = dict(_plain(cfg.get(kind)) or {})
         cls = REGISTRIES[kind].get(options.pop("name", None) or "")
         out[kind] = (cls, build_config(cls.Config, options, kind))
+    if core.thought_decoding == "one_pass" and not out["backend"][0].watches:
+        raise ConfigError(f"rollout.thought_decoding=one_pass needs a backend that decodes with a watch "
+                          f"(backend=hf); backend={cfg.backend.name} has none: use rollout.thought_decoding=rounds.")
     selector = cfg.reset_selector.name if "reset_selector" in cfg else "none"
     _check_reset_selector(strategy_name, strategy.uses_reset_selector, selector)
     if "trainer" in cfg:

@@ -2,7 +2,8 @@
 
 A *thought* is one reasoning step ending with a delimiter token sequence (default ``</thought>``,
 kept in the tokens). :func:`generate_thoughts` samples one thought per backend call (METHODS.md
-section 2); :func:`thought_spans` recovers the thoughts of a token sequence at the token-id level.
+section 2), or all of them in one call that ends thoughts token by token; :func:`thought_spans`
+recovers the thoughts of a token sequence at the token-id level.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from creditlab.interfaces import GenerationBackend
+from creditlab.step.stops import ThoughtWatch
 from creditlab.types import Completion, GenerationRequest, SamplingParams, Spans, ThoughtConfig
 
 
@@ -155,6 +157,38 @@ def _start(
     return row
 
 
+def _one_pass(
+    backend: GenerationBackend, active: list[_Row], sampling: SamplingParams, cfg: ThoughtConfig, base_seed: int
+) -> None:
+    """Decode every thought of the ``active`` rows in one ``generate_watched`` call, a
+    :class:`~creditlab.step.stops.ThoughtWatch` ending thoughts and rows (``decoding="one_pass"``).
+    Its budget is what the thought caps allow, at most up to the model's context: a chain that
+    reaches the context ends there with ``"length"`` (the rounds raise the context error)."""
+    if not backend.watches:
+        raise ValueError(f"{type(backend).__name__} cannot decode thoughts in one pass (it has no "
+                         "generate_watched): use rollout.thought_decoding=rounds, or the hf backend")
+    if not active:
+        return
+    watch = ThoughtWatch(backend.tokenizer, cfg, [(row.thought, row.partial) for row in active])
+    budget = max(cfg.max_thoughts - row.thought for row in active) * cfg.max_thought_tokens
+    context = getattr(getattr(getattr(backend, "model", None), "config", None), "max_position_embeddings", None)
+    room = context - max(len(row.prompt_ids) + len(row.ids) for row in active) if context else budget
+    budget = min(budget, room) if room >= 1 else budget  # a chain ends at the model's context ("length")
+    params = replace(sampling, max_new_tokens=budget, stop=(), seed=round_seed(base_seed, 0))
+    outs = backend.generate_watched(
+        [GenerationRequest(row.prompt_ids, tuple(row.ids)) for row in active], params, watch)
+    for i, (row, out) in enumerate(zip(active, outs, strict=True)):
+        if tuple(out.response_ids[: len(row.ids)]) != tuple(row.ids):
+            raise RuntimeError("backend changed the prefix ids of a continuation")
+        new = out.response_ids[len(row.ids) :]
+        row.ids.extend(new)
+        row.logprobs.extend(out.logprobs)
+        both = out.entropies is not None and row.entropies is not None
+        row.entropies = [*row.entropies, *out.entropies] if both else None  # type: ignore[misc]
+        row.segment_ids.extend(watch.segment_ids(i, row.thought, len(new)))
+        row.finish = out.finish_reason
+
+
 def generate_thoughts(
     backend: GenerationBackend,
     requests: Sequence[GenerationRequest],
@@ -163,14 +197,17 @@ def generate_thoughts(
 ) -> list[Completion]:
     """Generate responses thought by thought.
 
-    Each round calls ``backend.generate`` once on the still-active requests, continuing from
+    With ``cfg.decoding == "rounds"`` (the default), each round calls ``backend.generate`` once
+    on the still-active requests, continuing from
     ``prompt_ids`` + (the request's ``prefix_ids`` + thoughts so far) with ``stop=(delimiter,)``
     and ``max_new_tokens=max_thought_tokens`` (``sampling``'s temperature/top-p/top-k are kept,
     its ``max_new_tokens`` is ignored). Round r is seeded with ``round_seed(sampling.seed, r)``
     (a fresh random base seed when ``sampling.seed`` is None). A row ends at EOS
     (``finish_reason="eos"``; with ``end_at_eos=False`` the next thought follows the EOS), once a
     thought contains ``final_marker`` (``"stop"``), or once it holds ``max_thoughts`` thoughts
-    (``"length"``).
+    (``"length"``). With ``"one_pass"``, one ``backend.generate_watched`` call applies the same
+    rules token by token (:class:`~creditlab.step.stops.ThoughtWatch`; seeded with round 0's
+    seed): each row's tokens have the same distribution, drawn otherwise.
 
     Args:
         backend: Any generation backend (only ``generate`` and ``tokenizer`` are used).
@@ -212,6 +249,10 @@ def generate_thoughts(
     eos = tok.eos_token_id
     base_seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
     rows = [_start(r, tok, delim, eos, cfg) for r in requests]
+    if cfg.decoding == "one_pass":
+        _one_pass(backend, [row for row in rows if row.finish is None], sampling, cfg, base_seed)
+    elif cfg.decoding != "rounds":
+        raise ValueError(f"ThoughtConfig.decoding must be rounds or one_pass, got {cfg.decoding!r}")
 
     round_index = 0
     while active := [row for row in rows if row.finish is None]:

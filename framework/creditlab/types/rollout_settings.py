@@ -23,6 +23,10 @@ class ThoughtConfig:
         end_at_eos: A thought ending with EOS ends the response; ``False`` asks for the next
             thought after it (EOS kept in the tokens) until ``final_marker`` or the thought budget,
             as some official thought loops do (docs/paper-presets.md).
+        decoding: ``rounds``: one backend call per thought, each continuing the sequence so far,
+            round r seeded by ``round_seed(seed, r)``; ``one_pass``: one call, the thoughts ended
+            token by token by the same rules (:class:`~creditlab.step.stops.ThoughtWatch`): the
+            same distribution, other draws, no re-reading of the sequence at each thought.
     """
 
     delimiter: str = "</thought>"
@@ -30,6 +34,12 @@ class ThoughtConfig:
     max_thought_tokens: int = 256
     final_marker: str = "\\boxed{"
     end_at_eos: bool = True
+    decoding: str = "rounds"
+
+
+#: How thoughts are decoded: ``rounds`` (one backend call per thought) or ``one_pass`` (one call,
+#: thoughts ended token by token: a backend with ``watches``, ``end_at_eos`` true).
+THOUGHT_DECODINGS = ("rounds", "one_pass")
 
 
 @dataclass
@@ -42,8 +52,9 @@ class RolloutConfig:
         temperature, top_p, top_k: Sampling settings for training rollouts.
         max_new_tokens: Response budget for plain generation.
         thoughts: Generate thought by thought (METHODS.md §2) instead of in one call.
-        delimiter, max_thoughts, max_thought_tokens, final_marker, end_at_eos: Thought generation
-            settings (:class:`ThoughtConfig`).
+        delimiter, max_thoughts, max_thought_tokens, final_marker, end_at_eos, thought_decoding:
+            Thought generation settings (:class:`ThoughtConfig`; ``thought_decoding`` is its
+            ``decoding``).
         truncation: Completions that hit the budget: ``keep`` (train as is), ``mask`` (no loss on
             them) or ``penalize`` (reward replaced by ``truncation_reward``).
         truncation_reward: Reward given to truncated completions under ``penalize``.
@@ -65,6 +76,7 @@ class RolloutConfig:
     max_thought_tokens: int = 256
     final_marker: str = "\\boxed{"
     end_at_eos: bool = True
+    thought_decoding: str = "rounds"
     truncation: str = "keep"
     truncation_reward: float = 0.0
     success_reward: float = 1.0
@@ -75,6 +87,11 @@ class RolloutConfig:
             raise ValueError(f"rollout.chat_template must be auto, true or false, got {self.chat_template!r}")
         if not isinstance(self.end_at_eos, bool):
             raise ValueError(f"rollout.end_at_eos must be true or false, got {self.end_at_eos!r}")
+        if self.thought_decoding not in THOUGHT_DECODINGS:
+            raise ValueError(f"rollout.thought_decoding must be rounds or one_pass, got {self.thought_decoding!r}")
+        if self.thought_decoding == "one_pass" and not self.end_at_eos:
+            raise ValueError("rollout.thought_decoding=one_pass ends a chain at EOS: it needs rollout.end_at_eos=true "
+                             "(or use rollout.thought_decoding=rounds)")
         if self.group_size < 1:
             raise ValueError(f"rollout.group_size must be >= 1, got {self.group_size}")
         if self.truncation not in TRUNCATION_POLICIES:
@@ -100,6 +117,7 @@ class RolloutConfig:
             max_thought_tokens=self.max_thought_tokens,
             final_marker=self.final_marker,
             end_at_eos=self.end_at_eos,
+            decoding=self.thought_decoding,
         )
 
     @property
