@@ -22,7 +22,7 @@ def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """``rotate_half(x) * sin == x.roll(D/2, -1) * _signed_sin(sin)`` (``rotate_half`` negates the
+    """``rotate_half(x) * sin == x.roll(D/2, -1) * signed_sin(sin)`` (``rotate_half`` negates the
     second half and swaps the halves)."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)

@@ -310,6 +310,7 @@ class HFBackend(GenerationBackend):
         uniforms = None if plan.greedy or legacy else torch.rand(
             (n, max_new), generator=gen, dtype=torch.float64, device=device)
         cache = make_cache(self.model, width + max_new, self.config.preallocate_kv) if use_cache else None
+        stop_ids = torch.tensor(plan.stop_token_ids, dtype=torch.long, device=device)
         shared = None
         if use_cache and self.config.share_prefill and gatherable(cache):
             shared = shared_contexts(contexts)
@@ -371,7 +372,7 @@ class HFBackend(GenerationBackend):
             out_tokens[rows, step] = tok  # finished rows too: past their length, cut off
             out_logp[:, rows, step] = torch.stack([logp, ent])
 
-            end_rows(self.tokenizer, plan, step, tok, out_tokens, rows, alive, ended_at, why, watch)
+            end_rows(self.tokenizer, plan, step, tok, out_tokens, rows, alive, ended_at, why, stop_ids, watch)
             n_dead = 0 if (step + 1) % every else len(rows) - int(alive.sum())  # a look at the host
             done = step + 1 == max_new or n_dead == len(rows)  # rows alive at the end: "length"
             compact = bool(n_dead) and n_dead >= self.config.compact_fraction * len(rows)

@@ -218,7 +218,7 @@ def text_stop(
 def end_rows(
     tokenizer: Any, plan: SamplingPlan, step: int, tok: torch.Tensor, out_tokens: torch.Tensor,
     rows: torch.Tensor, alive: torch.Tensor, ended_at: torch.Tensor, why: torch.Tensor,
-    watch: tuple[DecodeWatch, Sequence[int]] | None = None,
+    stop_ids: torch.Tensor, watch: tuple[DecodeWatch, Sequence[int]] | None = None,
 ) -> None:
     """Record the rows that the step's tokens end: at EOS, after a stop string, or where a
     :class:`~creditlab.interfaces.DecodeWatch` says; clears them in ``alive`` (in place).
@@ -232,10 +232,11 @@ def end_rows(
         alive: (A,) bool, rows not ended before this step.
         ended_at, why: (N,) each row's length and index in :data:`END_REASONS`, set for the
             rows this step ends.
+        stop_ids: ``plan.stop_token_ids`` as a tensor on the tokens' device (made once per batch).
         watch: The watch and, per row of the forward batch, its request index (or None).
     """
     is_eos = tok == plan.eos_token_id if plan.eos_token_id is not None else None
-    is_stop = torch.isin(tok, torch.tensor(plan.stop_token_ids, device=tok.device)) if plan.stop_token_ids else None
+    is_stop = torch.isin(tok, stop_ids) if plan.stop_token_ids else None
     if plan.stop_texts:
         text_hit = torch.zeros_like(alive)
         text_hit[alive] = text_stop(tokenizer, plan, out_tokens, rows[alive], step + 1).to(alive.device)

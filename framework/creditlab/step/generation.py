@@ -157,6 +157,21 @@ def _start(
     return row
 
 
+def _take(row: _Row, out: Completion) -> list[int]:
+    """Append a backend's continuation of ``row`` (its new ids, log-probs and entropies) to the
+    row; returns the new ids."""
+    if tuple(out.response_ids[: len(row.ids)]) != tuple(row.ids):
+        raise RuntimeError("backend changed the prefix ids of a continuation")
+    new = list(out.response_ids[len(row.ids) :])
+    row.ids.extend(new)
+    row.logprobs.extend(out.logprobs)
+    if row.entropies is not None and out.entropies is not None:
+        row.entropies.extend(out.entropies)
+    else:
+        row.entropies = None
+    return new
+
+
 def _one_pass(
     backend: GenerationBackend, active: list[_Row], sampling: SamplingParams, cfg: ThoughtConfig, base_seed: int
 ) -> None:
@@ -178,13 +193,7 @@ def _one_pass(
     outs = backend.generate_watched(
         [GenerationRequest(row.prompt_ids, tuple(row.ids)) for row in active], params, watch)
     for i, (row, out) in enumerate(zip(active, outs, strict=True)):
-        if tuple(out.response_ids[: len(row.ids)]) != tuple(row.ids):
-            raise RuntimeError("backend changed the prefix ids of a continuation")
-        new = out.response_ids[len(row.ids) :]
-        row.ids.extend(new)
-        row.logprobs.extend(out.logprobs)
-        both = out.entropies is not None and row.entropies is not None
-        row.entropies = [*row.entropies, *out.entropies] if both else None  # type: ignore[misc]
+        new = _take(row, out)
         row.segment_ids.extend(watch.segment_ids(i, row.thought, len(new)))
         row.finish = out.finish_reason
 
@@ -237,6 +246,8 @@ def generate_thoughts(
             f"max_thoughts and max_thought_tokens must be >= 1, got {cfg.max_thoughts}, "
             f"{cfg.max_thought_tokens}"
         )
+    if cfg.decoding not in ("rounds", "one_pass"):
+        raise ValueError(f"ThoughtConfig.decoding must be rounds or one_pass, got {cfg.decoding!r}")
     if sampling.stop:
         raise ValueError(
             "generate_thoughts sets the stop string itself (the delimiter); "
@@ -251,8 +262,6 @@ def generate_thoughts(
     rows = [_start(r, tok, delim, eos, cfg) for r in requests]
     if cfg.decoding == "one_pass":
         _one_pass(backend, [row for row in rows if row.finish is None], sampling, cfg, base_seed)
-    elif cfg.decoding != "rounds":
-        raise ValueError(f"ThoughtConfig.decoding must be rounds or one_pass, got {cfg.decoding!r}")
 
     round_index = 0
     while active := [row for row in rows if row.finish is None]:
@@ -268,15 +277,7 @@ def generate_thoughts(
         if len(outs) != len(active):
             raise RuntimeError(f"backend returned {len(outs)} completions for {len(active)}")
         for row, out in zip(active, outs):
-            if tuple(out.response_ids[: len(row.ids)]) != tuple(row.ids):
-                raise RuntimeError("backend changed the prefix ids of a continuation")
-            new = list(out.response_ids[len(row.ids) :])
-            row.ids.extend(new)
-            row.logprobs.extend(out.logprobs)
-            if row.entropies is not None and out.entropies is not None:
-                row.entropies.extend(out.entropies)
-            else:
-                row.entropies = None
+            new = _take(row, out)
             row.segment_ids.extend([row.thought] * len(new))
             text = tok.decode(row.partial + new, skip_special_tokens=True)
             row.partial = []
