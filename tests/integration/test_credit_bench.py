@@ -120,8 +120,16 @@ def test_truth_and_scores_on_real_groups(results, tmp_path):
         for s in r.selectors:
             total = sum(s.scores[k].value for k in ("exact", "early", "late"))
             assert total == pytest.approx(1.0)
+            assert 0.0 <= s.scores["first_thought"].value <= 1.0
+        # The reference resets every failed chain at thought 0: never after the worst step.
+        ref = r.first_thought
+        assert ref["first_thought"].value == 1.0 and ref["late"].value == 0.0
+        assert ref["exact"].value + ref["early"].value == pytest.approx(1.0)
     paths = write_report(r, tmp_path / "report")
     assert all(Path(p).exists() for p in paths.values())
+    if r.counts["failed_chains"]:
+        assert "(reference: always thought 0)" in Path(paths["md"]).read_text()
+        assert "first_thought" in json.loads(Path(paths["json"]).read_text())
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ from creditlab.creditbench.scores import (
     prompt_weights,
     scaled_error,
     selector_outcomes,
+    selector_scores,
     sign_counts,
     within_chain,
 )
@@ -173,6 +174,22 @@ def test_selector_outcomes():
     np.testing.assert_array_equal(got["late"], [0, 1, 0])
     np.testing.assert_array_equal(got["early"], [0, 0, 1])
     assert got["oracle_exact"][0] == 1 and np.isnan(got["oracle_exact"][1]) and got["oracle_exact"][2] == 0
+
+
+def test_selector_scores_by_hand():
+    # The same three chains; weights: the sample itself, then one replicate with chain 0 twice and chain 2 not drawn.
+    truth = [np.array([0.0, -0.5, 0.0]), np.array([-0.4, 0.0]), np.array([0.1, 0.0, -0.3])]
+    w = np.array([[1.0, 1.0, 1.0], [2.0, 1.0, 0.0]])
+    got = selector_scores(truth, [1, 0, 0], [1, None, 2], w)
+    assert got["exact"].value == pytest.approx(2 / 3)  # chains 0 and 1 reset at their worst step
+    assert got["early"].value == pytest.approx(1 / 3) and got["late"].value == 0.0
+    assert got["first_thought"].value == pytest.approx(2 / 3)  # chains 1 and 2 reset at thought 0
+    assert got["oracle_exact"].value == pytest.approx(1 / 2)  # chain 1 has no oracle: left out
+    assert got["exact"].low == got["exact"].high == pytest.approx(1.0)  # the one replicate: (2 + 1) / 3
+    # Always thought 0: exact where the worst step is the first (chain 1 only), else early, never late.
+    ref = selector_scores(truth, [0, 0, 0], [1, None, 2], w)
+    assert ref["exact"].value == pytest.approx(1 / 3) and ref["late"].value == 0.0
+    assert ref["first_thought"].value == 1.0
 
 
 def test_prompt_weights_resample_whole_prompts():

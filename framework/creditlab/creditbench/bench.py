@@ -40,7 +40,7 @@ from creditlab.creditbench.scores import (
     intervals,
     most_negative,
     prompt_weights,
-    selector_outcomes,
+    selector_scores,
     weighted_mean,
 )
 from creditlab.creditbench.truth import ChainTruth, compute_truth, k_needed, noise
@@ -276,6 +276,9 @@ class Bench:
         selectors = [self.score_selector(name, trajs, spans, truth, failed, first_wrong, weights, backend, tokenizer, sampler)
                      for name in self.selectors]
         selectors.sort(key=lambda x: -x.scores["exact"].value if "exact" in x.scores else 1.0)  # ranked by exact
+        ref = [i for i in range(len(trajs)) if failed[i] and len(truth[i].advantages)]  # the reference: always thought 0
+        first = selector_scores([truth[i].advantages for i in ref], [0] * len(ref), [first_wrong[i] for i in ref],
+                                weights[:, ref]) if ref and selectors else None
         for part in parts.values():
             getattr(part, "close", lambda: None)()
         settings = {"model": str(model_path), "task": str(self.cfg.task.name), "split": s.split,
@@ -289,7 +292,7 @@ class Bench:
                     "states": counts["states"], "continuations": counts["continuations"]},
             noise=noise_stats, instrument=self.instrument(truth, failed, first_wrong, weights),
             rank_by=s.rank_by, estimators=ranked[0], separations=ranked[1],
-            selectors=selectors, truth_cost=truth_cost,
+            selectors=selectors, truth_cost=truth_cost, first_thought=first,
         )
 
     def refuse_if_noisy(self, stats: dict[str, float]) -> None:
@@ -387,13 +390,9 @@ class Bench:
             return SelectorScores(name, error=f"{type(exc).__name__}: {exc}")
         # As the reset buffer does: no answer resets at the first thought; indices are clamped.
         picks = [0 if p.segment is None else min(max(p.segment, 0), len(spans[i]) - 1) for p, i in zip(points, rows)]
-        outcomes = selector_outcomes([truth[i].advantages for i in rows], picks, [first_wrong[i] for i in rows])
-        scores = {}
-        for key, values in outcomes.items():
-            if np.isnan(values).all():
-                continue
-            draws = np.array([weighted_mean(values, w[rows]) for w in weights])
-            scores[key] = interval(draws[0], draws[1:])
+        scores = selector_scores([truth[i].advantages for i in rows], picks, [first_wrong[i] for i in rows], weights[:, rows])
+        statuses = [str(p.info["status"]) for p in points if p.info and "status" in p.info]
+        picked = {f"status/{s}": statuses.count(s) / len(rows) for s in sorted(set(statuses))}
         cost = {"seconds": seconds, "generated_tokens": float(sampler.take_generated_tokens() + ctx.generated_tokens),
                 "forward_tokens": float(ctx.forward_tokens), **peak_memory()}
-        return SelectorScores(name, scores, cost, chains=len(rows))
+        return SelectorScores(name, scores, cost, chains=len(rows), picks=picked)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from creditlab.analysis.report import Block, to_html, to_markdown
 from creditlab.creditbench.result import (
+    FIRST_THOUGHT,
     SCORES,
     BenchResult,
     EstimatorScores,
@@ -31,6 +32,8 @@ from creditlab.creditbench.result import (
 TITLE = "creditlab credit-bench"
 SCATTER, SCORES_PLOT = "scatter.png", "scores.png"
 SELECTOR_COLUMNS = ("exact", "early", "late")
+#: The selectors' reference row: every failed chain reset at its first thought.
+FIRST_LABEL = "(reference: always thought 0)"
 COUNTS = (("chains", "chains"), ("failed_chains", "failed chains"), ("thoughts", "(chain, thought) pairs"),
           ("states", "states valued"), ("continuations", "Monte-Carlo continuations"))
 NOISE = (("value_se", "standard error of V (mean)"), ("advantage_se", "standard error of A_k (mean)"),
@@ -50,7 +53,10 @@ READING = [
      "0 is perfect, 1 is no better than zero credit; the noise floor says what a perfect estimator would get."),
     "mean / sum: the estimator's per-token advantages reduced over each thought's tokens by their mean or sum.",
     ("Selectors (shares of failed chains): exact = reset at the true most-negative step, early = before it, "
-     "late = after it, oracle_exact = at the task oracle's first wrong step."),
+     "late = after it, oracle_exact = at the task oracle's first wrong step, first_thought = at thought 0; "
+     "the reference row resets every failed chain at thought 0, where a selector lands when it cannot choose: "
+     "a selector is only informative where it beats that row. Reset points' status: what the selector read "
+     "(SRPO's self-localization: boxed, step_phrase, no_error, or fallback when no step could be read)."),
     "Every interval is a 95% bootstrap interval over prompts.",
 ]
 
@@ -169,11 +175,20 @@ def estimator_rows(result: BenchResult, reduction: str) -> tuple[list[str], list
     return header, rows
 
 
+def _statuses(picks: dict[str, float]) -> str:
+    """``status/<name>`` shares as ``name 0.82, ...`` (— when the selector reports none)."""
+    return ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in picks.items() if k.startswith("status/")) or "—"
+
+
 def selector_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """One row per scored selector, then the reference (always thought 0) on the same chains."""
     cols = list(SELECTOR_COLUMNS) + (["oracle_exact"] if any("oracle_exact" in s.scores for s in result.selectors)
-                                     else [])
-    rows = [[s.name, str(s.chains), *[fmt_interval(s.scores.get(c)) for c in cols]] for s in _ok_selectors(result)]
-    return ["selector", "failed chains", *cols], rows
+                                     else []) + [FIRST_THOUGHT]
+    ok = _ok_selectors(result)
+    rows = [[s.name, str(s.chains), *[fmt_interval(s.scores.get(c)) for c in cols], _statuses(s.picks)] for s in ok]
+    if rows and result.first_thought is not None:
+        rows.append([FIRST_LABEL, str(ok[0].chains), *[fmt_interval(result.first_thought.get(c)) for c in cols], "—"])
+    return ["selector", "failed chains", *cols, "reset points' status"], rows
 
 
 def cost_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
@@ -282,10 +297,14 @@ def print_table(result: BenchResult, console: Console | None = None, paths: dict
         sel = Table(title="reset selectors (shares of failed chains)")
         for col in ("selector", *SELECTOR_COLUMNS):
             sel.add_column(col, overflow="fold")
+        sel.add_column(FIRST_THOUGHT, overflow="fold")
         for s in result.selectors:
-            cells = ([fmt_interval(s.scores.get(c)) for c in SELECTOR_COLUMNS] if s.error is None
-                     else [f"[red]not scored:[/red] {escape(s.error)}", "", ""])
+            cells = ([fmt_interval(s.scores.get(c)) for c in (*SELECTOR_COLUMNS, FIRST_THOUGHT)] if s.error is None
+                     else [f"[red]not scored:[/red] {escape(s.error)}", "", "", ""])
             sel.add_row(escape(s.name), *cells)
+        if result.first_thought is not None:
+            sel.add_row(escape(FIRST_LABEL), *[fmt_interval(result.first_thought.get(c))
+                                               for c in (*SELECTOR_COLUMNS, FIRST_THOUGHT)])
         console.print(sel)
     console.print(f"noise: advantage reliability {_num(result.noise.get('advantage_reliability'))}, "
                   f"error floor {_num(result.noise.get('error_floor'))}")

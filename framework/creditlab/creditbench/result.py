@@ -13,6 +13,8 @@ SCORES = ("spearman", "spearman_within", "sign", "blame_hit", "error")
 #: Selector scores (shares of failed chains): reset at / before / after the true most-negative
 #: step, and at the task oracle's first wrong step (tasks with an oracle only).
 SELECTOR_SCORES = ("exact", "early", "late", "oracle_exact")
+#: Also per selector: the share of its resets at thought 0 (where a selector lands when it falls back).
+FIRST_THOUGHT = "first_thought"
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,16 @@ class EstimatorScores:
 @dataclass
 class SelectorScores:
     """One reset selector on the bench's failed chains (keys of ``scores``: :data:`SELECTOR_SCORES`;
-    ``oracle_exact`` only on tasks with a step oracle). ``cost`` as for estimators."""
+    ``oracle_exact`` only on tasks with a step oracle; and :data:`FIRST_THOUGHT`). ``cost`` as for
+    estimators; ``picks``: the share of the failed chains per ``status`` its reset points report
+    (``status/<name>``, e.g. SRPO's ``status/fallback``: no step could be read from its answer)."""
 
     name: str
     scores: dict[str, Interval] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     chains: int = 0
     error: str | None = None
+    picks: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +102,8 @@ class BenchResult:
             ones that failed last.
         truth_cost: ``seconds``, ``generated_tokens`` and ``peak_rss_gib`` of the Monte-Carlo
             truth and the groups.
+        first_thought: The selectors' reference, scored on the same failed chains: always reset at
+            thought 0 (what a selector does when it cannot choose). None when no selector ran.
     """
 
     settings: dict[str, Any]
@@ -108,3 +115,4 @@ class BenchResult:
     separations: list[Separation]
     selectors: list[SelectorScores]
     truth_cost: dict[str, float]
+    first_thought: dict[str, Interval] | None = None

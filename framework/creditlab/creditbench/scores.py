@@ -142,6 +142,23 @@ class CreditScorer:
         }
 
 
+def selector_scores(truth: Arrays, picks: Sequence[int], oracle: Sequence[int | None],
+                    weights: np.ndarray) -> dict[str, Interval]:
+    """:func:`selector_outcomes` as shares of the failed chains, each with its bootstrap interval
+    (``weights`` (R, C): the chains' prompt weights; keys all NaN left out), plus
+    ``first_thought``: the share of resets at thought 0, where a selector lands when it falls
+    back (a reset there is exact whenever the truth's worst step is the first)."""
+    outcomes = selector_outcomes(truth, picks, oracle)
+    outcomes["first_thought"] = (np.asarray(picks) == 0).astype(float)
+    out = {}
+    for key, values in outcomes.items():
+        if np.isnan(values).all():
+            continue
+        draws = np.array([weighted_mean(values, w) for w in weights])
+        out[key] = interval(draws[0], draws[1:])
+    return out
+
+
 def selector_outcomes(truth: Arrays, picks: Sequence[int], oracle: Sequence[int | None]) -> dict[str, np.ndarray]:
     """(C,) per failed chain: a reset at (``exact``), before (``early``) or after (``late``) the
     true most-negative step, and at the oracle's first wrong step (``oracle_exact``; NaN where
