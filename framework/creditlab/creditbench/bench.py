@@ -392,7 +392,7 @@ class Bench:
         picks = [0 if p.segment is None else min(max(p.segment, 0), len(spans[i]) - 1) for p, i in zip(points, rows)]
         scores = selector_scores([truth[i].advantages for i in rows], picks, [first_wrong[i] for i in rows], weights[:, rows])
         statuses = [str(p.info["status"]) for p in points if p.info and "status" in p.info]
-        picked = {f"status/{s}": statuses.count(s) / len(rows) for s in sorted(set(statuses))}
+        shares = {s: statuses.count(s) / len(rows) for s in sorted(set(statuses))}
         cost = {"seconds": seconds, "generated_tokens": float(sampler.take_generated_tokens() + ctx.generated_tokens),
                 "forward_tokens": float(ctx.forward_tokens), **peak_memory()}
-        return SelectorScores(name, scores, cost, chains=len(rows), picks=picked)
+        return SelectorScores(name, scores, cost, chains=len(rows), statuses=shares)

@@ -175,9 +175,9 @@ def estimator_rows(result: BenchResult, reduction: str) -> tuple[list[str], list
     return header, rows
 
 
-def _statuses(picks: dict[str, float]) -> str:
-    """``status/<name>`` shares as ``name 0.82, ...`` (— when the selector reports none)."""
-    return ", ".join(f"{k.split('/', 1)[1]} {v:.3f}" for k, v in picks.items() if k.startswith("status/")) or "—"
+def _statuses(shares: dict[str, float]) -> str:
+    """Status shares as ``name 0.82, ...`` (— when the selector reports none)."""
+    return ", ".join(f"{k} {v:.3f}" for k, v in shares.items()) or "—"
 
 
 def selector_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
@@ -185,7 +185,7 @@ def selector_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     cols = list(SELECTOR_COLUMNS) + (["oracle_exact"] if any("oracle_exact" in s.scores for s in result.selectors)
                                      else []) + [FIRST_THOUGHT]
     ok = _ok_selectors(result)
-    rows = [[s.name, str(s.chains), *[fmt_interval(s.scores.get(c)) for c in cols], _statuses(s.picks)] for s in ok]
+    rows = [[s.name, str(s.chains), *[fmt_interval(s.scores.get(c)) for c in cols], _statuses(s.statuses)] for s in ok]
     if rows and result.first_thought is not None:
         rows.append([FIRST_LABEL, str(ok[0].chains), *[fmt_interval(result.first_thought.get(c)) for c in cols], "—"])
     return ["selector", "failed chains", *cols, "reset points' status"], rows

@@ -54,15 +54,15 @@ class EstimatorScores:
 class SelectorScores:
     """One reset selector on the bench's failed chains (keys of ``scores``: :data:`SELECTOR_SCORES`;
     ``oracle_exact`` only on tasks with a step oracle; and :data:`FIRST_THOUGHT`). ``cost`` as for
-    estimators; ``picks``: the share of the failed chains per ``status`` its reset points report
-    (``status/<name>``, e.g. SRPO's ``status/fallback``: no step could be read from its answer)."""
+    estimators; ``statuses``: the share of the failed chains per ``status`` its reset points report
+    (e.g. SRPO's ``fallback``: no step could be read from its answer)."""
 
     name: str
     scores: dict[str, Interval] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     chains: int = 0
     error: str | None = None
-    picks: dict[str, float] = field(default_factory=dict)
+    statuses: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
