@@ -56,7 +56,7 @@ READING = [
      "late = after it, oracle_exact = at the task oracle's first wrong step, first_thought = at thought 0; "
      "the reference row resets every failed chain at thought 0, where a selector lands when it cannot choose: "
      "a selector is only informative where it beats that row. Reset points' status: what the selector read "
-     "(SRPO's self-localization: boxed, step_phrase, no_error, or fallback when no step could be read)."),
+     "(a self-localizing selector: boxed, step_phrase, no_error, or fallback when no step could be read)."),
     "Every interval is a 95% bootstrap interval over prompts.",
 ]
 

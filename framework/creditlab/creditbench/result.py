@@ -55,7 +55,7 @@ class SelectorScores:
     """One reset selector on the bench's failed chains (keys of ``scores``: :data:`SELECTOR_SCORES`;
     ``oracle_exact`` only on tasks with a step oracle; and :data:`FIRST_THOUGHT`). ``cost`` as for
     estimators; ``statuses``: the share of the failed chains per ``status`` its reset points report
-    (e.g. SRPO's ``fallback``: no step could be read from its answer)."""
+    (e.g. a self-localizing selector's ``fallback``: no step could be read from its answer)."""
 
     name: str
     scores: dict[str, Interval] = field(default_factory=dict)
