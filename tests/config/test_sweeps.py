@@ -282,3 +282,32 @@ def test_sham_multi_tests_credit_alone_against_its_matched_control_on_fresh_seed
     prereg = load(SWEEPS_DIR / "sham_multi.yaml")
     assert [(c.group, c.expect) for c in prereg.contrasts] == [("oracle_credit", "greater")]
     assert prereg.baseline == "sham_credit" and prereg.seeds == tuple(range(20, 36))
+
+
+def test_bf16_equivalence_differs_from_the_decomposition_grpo_only_in_precision():
+    """sweeps/bf16_equivalence.yaml (issue 54): decompose_multi's GRPO on seeds 40-51, once with
+    ``+precision=fp32`` and once with ``+precision=bf16``; the two arms differ in the update's
+    precision and decoding's dtype only, and the declaration is one equivalence contrast."""
+    from creditlab.analysis.preregistration import load
+
+    base = next(compose_sweep_job("decompose_multi", job) for job in sweep_jobs("decompose_multi")
+                if "method=grpo" in job)
+    cells = set()
+    for job in sweep_jobs("bf16_equivalence"):
+        cfg = compose_sweep_job("bf16_equivalence", job)
+        run = validate(cfg)["run"]
+        cells.add((cfg.trainer.precision, cfg.backend.dtype, run.seed))
+        assert run.method == "grpo"
+        for key in ("prompts_per_step", "model", "task", "optim", "rollout", "loss", "advantage"):
+            assert cfg[key] == base[key], key
+        trainer = {k: v for k, v in cfg.trainer.items() if k != "precision"}
+        assert trainer == {k: v for k, v in base.trainer.items() if k != "precision"}
+        assert {k: v for k, v in cfg.backend.items() if k != "dtype"} == {k: v for k, v in base.backend.items() if k != "dtype"}
+        assert _same_eval_but_cadence(cfg, base) and cfg.eval.every == 100
+    arms = [("32-true", "auto"), ("bf16-mixed", "bfloat16")]
+    assert base.trainer.precision == "32-true" and base.backend.dtype == "auto"
+    assert cells == {(p, d, s) for (p, d) in arms for s in range(40, 52)}
+    prereg = load(SWEEPS_DIR / "bf16_equivalence.yaml")
+    assert prereg.by == ("trainer.precision",) and prereg.baseline == "32-true"
+    assert [(c.group, c.expect, c.margin) for c in prereg.contrasts] == [("bf16-mixed", "none", 0.01)]
+    assert prereg.seeds == tuple(range(40, 52))
