@@ -14,11 +14,20 @@ from the run's ``metrics.jsonl``:
 
 The first variant is the baseline that the others' ratios are taken against.
 
+``--project STEPS,EVALUATIONS,ANSWERS`` also projects each variant to a longer schedule (a
+preset's own, too long to measure several times): STEPS steps at the measured seconds a step
+(generation and update), EVALUATIONS evaluations of ANSWERS answers each (problems x (1 +
+samples)) at the measured seconds an answer, and the measured rest once. It assumes a step and an
+answer cost what they did in the short run; a policy whose answers grow or shrink as it learns
+drifts from it.
+
 Usage::
 
     python benchmarks/experiment_cost.py experiment=smollm2_word_problems_grpo trainer.max_steps=4 eval.every=2 \\
         eval.problems=32 --variant "before=loss.skip_zero_advantage=false" --variant after=
     python benchmarks/experiment_cost.py trainer.max_steps=6 eval.every=3            # the embedded default
+    python benchmarks/experiment_cost.py experiment=smollm2_word_problems_grpo trainer.max_steps=4 eval.every=4 \
+        eval.problems=32 --project 60,7,1500       # projected to the preset's 60 steps, 7 x 300 x (1 + 4)
 """
 
 from __future__ import annotations
@@ -51,6 +60,49 @@ def split(metrics: Path, wall: float) -> dict[str, float]:
     return out
 
 
+def answers(run_dir: Path) -> int:
+    """Answers per evaluation of a finished run: its problems scored (``eval/problems``) times one
+    greedy answer plus ``eval.samples`` sampled ones (from its ``config.yaml``)."""
+    import yaml
+
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    problems = next((r["eval/problems"] for r in rows if "eval/problems" in r), 0)
+    samples = (yaml.safe_load((run_dir / "config.yaml").read_text()).get("eval") or {}).get("samples", 0)
+    return int(problems) * (1 + int(samples or 0))
+
+
+def project(row: dict[str, float], steps: int, evaluations: int, answers_each: int) -> dict[str, float]:
+    """One variant's measured split scaled to ``steps`` steps and ``evaluations`` evaluations of
+    ``answers_each`` answers; ``row`` holds the measured split and ``answers`` (per evaluation)."""
+    per_step = {p: row[p] / row["steps"] for p in ("generation", "update")} if row["steps"] else {}
+    measured = row["evaluations"] * row["answers"]
+    out = {p: steps * per_step.get(p, 0.0) for p in ("generation", "update")}
+    out["evaluation"] = evaluations * answers_each * (row["evaluation"] / measured if measured else 0.0)
+    out["other"] = row["other"]
+    out["total"] = sum(out[p] for p in PARTS)
+    return out
+
+
+def parse_schedule(text: str) -> tuple[int, int, int]:
+    """``STEPS,EVALUATIONS,ANSWERS`` of ``--project``."""
+    try:
+        steps, evaluations, answers_each = (int(x) for x in text.split(","))
+    except ValueError:
+        sys.exit(f"--project {text!r}: expected STEPS,EVALUATIONS,ANSWERS as three integers (e.g. 60,7,1500)")
+    if min(steps, evaluations, answers_each) < 0:
+        sys.exit(f"--project {text!r}: the three numbers must be >= 0")
+    return steps, evaluations, answers_each
+
+
+def table(rows: dict[str, dict[str, float]], base: str, title: str) -> None:
+    """Print the rows with each total's speed-up over ``base``'s."""
+    print(title)
+    print(f"{'variant':>10} " + " ".join(f"{p + ' s':>13}" for p in PARTS) + f" {'total s':>9} {'speed-up':>8}")
+    for name, r in rows.items():
+        print(f"{name:>10} " + " ".join(f"{r[p]:>13.1f}" for p in PARTS)
+              + f" {r['total']:>9.1f} {rows[base]['total'] / r['total']:>7.2f}x")
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``NAME=override,override`` (``NAME=`` alone: the shared overrides only)."""
     name, sep, rest = text.partition("=")
@@ -63,10 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", help="NAME=OVERRIDE[,OVERRIDE...]; the first is the baseline "
                     f"(default: {' and '.join(DEFAULT_VARIANTS)})")
+    ap.add_argument("--project", help="STEPS,EVALUATIONS,ANSWERS: also project each variant to this schedule "
+                    "(answers per evaluation: problems x (1 + samples))")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("overrides", nargs="*", help="run-config overrides every variant shares")
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant or DEFAULT_VARIANTS]
+    schedule = parse_schedule(args.project) if args.project else None
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="experiment_cost_") as tmp:
         for name, extra in variants:
@@ -78,18 +133,21 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.perf_counter() - t0
             if done.returncode != 0:
                 sys.exit(f"variant {name} failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
-            rows[name] = split(run_dir / "metrics.jsonl", wall)
+            rows[name] = {**split(run_dir / "metrics.jsonl", wall), "answers": answers(run_dir)}
             print(f"[{name}] {wall:.1f} s", flush=True)
-    base = rows[variants[0][0]]
+    base = variants[0][0]
     print(f"shared overrides: {' '.join(args.overrides) or '(none)'}")
-    print(f"{'variant':>10} {'steps':>5} {'evals':>5} " + " ".join(f"{p + ' s':>13}" for p in PARTS)
-          + f" {'total s':>9} {'speed-up':>8}")
-    for name, r in rows.items():
-        print(f"{name:>10} {r['steps']:>5} {r['evaluations']:>5} " + " ".join(f"{r[p]:>13.1f}" for p in PARTS)
-              + f" {r['total']:>9.1f} {base['total'] / r['total']:>7.2f}x")
+    first = rows[base]
+    table(rows, base, f"measured: {first['steps']:.0f} steps, {first['evaluations']:.0f} evaluations of "
+          f"{first['answers']:.0f} answers")
+    projected = None
+    if schedule is not None:
+        projected = {name: project(r, *schedule) for name, r in rows.items()}
+        table(projected, base, f"projected: {schedule[0]} steps, {schedule[1]} evaluations of {schedule[2]} answers "
+              "(the measured seconds a step and an answer, the measured rest once)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"overrides": args.overrides, "variants": dict(variants), "rows": rows},
-                                              indent=2))
+        Path(args.json).write_text(json.dumps({"overrides": args.overrides, "variants": dict(variants), "rows": rows,
+                                               "project": schedule, "projected": projected}, indent=2))
 
 
 if __name__ == "__main__":

@@ -21,9 +21,12 @@ pytestmark = pytest.mark.slow
 
 def test_auto_precision_is_said_recorded_and_used(tmp_path, capsys):
     expected, why = precision.choose("cpu")
+    decode = "; decoding too (backend.dtype=bfloat16)" if expected == "bf16-mixed" else ""
     run(compose([*SMALL, "trainer.max_steps=2", "threads=1", "trainer.precision=auto"]), tmp_path)
-    assert f"[creditlab] trainer.precision=auto: {expected}, because {why}" in capsys.readouterr().err
-    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["trainer"]["precision"] == expected
+    assert f"[creditlab] trainer.precision=auto: {expected}{decode}, because {why}" in capsys.readouterr().err
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["trainer"]["precision"] == expected
+    assert saved["backend"]["dtype"] == ("bfloat16" if decode else "auto")
     assert json.loads((tmp_path / "environment.json").read_text())["precision"].startswith(
         f"trainer.precision=auto: {expected}")
     check_finished_run(tmp_path, 2)

@@ -66,11 +66,29 @@ def test_validate_writes_the_choice_into_the_config(monkeypatch):
     cpu(monkeypatch, True, False, "AVX512")
     cfg = compose(["trainer.precision=auto"])
     checked = validate(cfg)
-    assert cfg.trainer.precision == "bf16-mixed"
-    assert checked["precision"].startswith("trainer.precision=auto: bf16-mixed, because this CPU reports AVX512-BF16")
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.backend.dtype == "bfloat16"  # decoding follows
+    assert checked["precision"].startswith("trainer.precision=auto: bf16-mixed; decoding too (backend.dtype=bfloat16), "
+                                           "because this CPU reports AVX512-BF16")
     assert "precision: bf16-mixed" in OmegaConf.to_yaml(cfg)  # what config.yaml records
     plain = compose([])
     assert validate(plain)["precision"] is None and plain.trainer.precision == "32-true"  # the default is untouched
+
+
+def test_auto_on_a_cpu_is_the_bf16_arm_of_the_equivalence_sweep(monkeypatch):
+    """Where auto picks bf16 on a CPU it sets the two keys that ``+precision=bf16`` sets (the arm
+    sweeps/bf16_equivalence.yaml tests); a dtype given by hand is kept; fp32 leaves decoding alone."""
+    cpu(monkeypatch, True, False, "AVX512")
+    auto, arm = compose(["trainer.precision=auto"]), compose(["+precision=bf16"])
+    validate(auto)
+    assert (auto.trainer.precision, auto.backend.dtype) == (arm.trainer.precision, arm.backend.dtype)
+    kept = compose(["trainer.precision=auto", "backend.dtype=float32"])
+    validate(kept)
+    assert (kept.trainer.precision, kept.backend.dtype) == ("bf16-mixed", "float32")
+    cpu(monkeypatch, False, False, "AVX2")
+    fp32 = compose(["trainer.precision=auto"])
+    assert validate(fp32)["precision"].startswith("trainer.precision=auto: 32-true, because")
+    assert fp32.backend.dtype == "auto"
+    assert (compose(["+precision=fp32"]).trainer.precision, compose(["+precision=fp32"]).backend.dtype) == ("32-true", "auto")
 
 
 def test_a_misspelt_precision_still_names_auto_among_the_choices():

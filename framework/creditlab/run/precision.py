@@ -8,7 +8,11 @@ config in place of ``auto``: a run's ``config.yaml`` holds the precision it trai
 resume on a machine that would choose differently is refused by the run-directory guard instead of
 mixing two precisions in one run.
 
-``auto`` is an opt-in; the presets keep ``32-true`` until bf16 is shown to change no conclusion.
+Where ``auto`` picks bf16 on a CPU, decoding follows: an ``hf`` backend left at ``backend.dtype:
+auto`` decodes with bf16 matrix products (``backend.dtype=bfloat16``), the larger share of the
+saving on a real model (generation and evaluations); ``+precision=bf16`` (conf/precision/) sets the
+same two keys by hand. ``auto`` is an opt-in; the presets keep ``32-true`` until bf16 is shown to
+change no conclusion (sweeps/bf16_equivalence.yaml).
 """
 
 from __future__ import annotations
@@ -65,7 +69,15 @@ def resolve(cfg: DictConfig) -> str | None:
     value: Any = OmegaConf.select(cfg, "trainer.precision", default=None)
     if str(value) != AUTO:
         return None
-    precision, why = choose(OmegaConf.select(cfg, "trainer.accelerator", default="cpu"))
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu")).lower()
+    precision, why = choose(accelerator)
+    decode = ""
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    backend = OmegaConf.select(cfg, "backend", default=None)
     with open_dict(cfg):
         cfg.trainer.precision = precision
-    return f"trainer.precision=auto: {precision}, because {why}"
+        if (precision == BF16 and on_cpu and backend is not None and backend.get("name") == "hf"
+                and str(backend.get("dtype", "auto")) == AUTO):
+            cfg.backend.dtype = "bfloat16"
+            decode = "; decoding too (backend.dtype=bfloat16)"
+    return f"trainer.precision=auto: {precision}{decode}, because {why}"
