@@ -286,7 +286,7 @@ def test_sham_multi_tests_credit_alone_against_its_matched_control_on_fresh_seed
 
 def test_bf16_equivalence_differs_from_the_decomposition_grpo_only_in_precision():
     """sweeps/bf16_equivalence.yaml (issue 54): decompose_multi's GRPO on seeds 40-51, once with
-    ``+precision=fp32`` and once with ``+precision=bf16``; the two arms differ in the update's
+    ``precision=fp32`` and once with ``precision=bf16``; the two arms differ in the update's
     precision and decoding's dtype only, and the declaration is one equivalence contrast."""
     from creditlab.analysis.preregistration import load
 

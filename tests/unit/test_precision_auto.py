@@ -75,10 +75,10 @@ def test_validate_writes_the_choice_into_the_config(monkeypatch):
 
 
 def test_auto_on_a_cpu_is_the_bf16_arm_of_the_equivalence_sweep(monkeypatch):
-    """Where auto picks bf16 on a CPU it sets the two keys that ``+precision=bf16`` sets (the arm
+    """Where auto picks bf16 on a CPU it sets the two keys that ``precision=bf16`` sets (the arm
     sweeps/bf16_equivalence.yaml tests); a dtype given by hand is kept; fp32 leaves decoding alone."""
     cpu(monkeypatch, True, False, "AVX512")
-    auto, arm = compose(["trainer.precision=auto"]), compose(["+precision=bf16"])
+    auto, arm = compose(["trainer.precision=auto"]), compose(["precision=bf16"])
     validate(auto)
     assert (auto.trainer.precision, auto.backend.dtype) == (arm.trainer.precision, arm.backend.dtype)
     kept = compose(["trainer.precision=auto", "backend.dtype=float32"])
@@ -88,7 +88,7 @@ def test_auto_on_a_cpu_is_the_bf16_arm_of_the_equivalence_sweep(monkeypatch):
     fp32 = compose(["trainer.precision=auto"])
     assert validate(fp32)["precision"].startswith("trainer.precision=auto: 32-true, because")
     assert fp32.backend.dtype == "auto"
-    assert (compose(["+precision=fp32"]).trainer.precision, compose(["+precision=fp32"]).backend.dtype) == ("32-true", "auto")
+    assert (compose(["precision=fp32"]).trainer.precision, compose(["precision=fp32"]).backend.dtype) == ("32-true", "auto")
 
 
 def test_a_misspelt_precision_still_names_auto_among_the_choices():

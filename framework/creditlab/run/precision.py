@@ -10,7 +10,7 @@ mixing two precisions in one run.
 
 Where ``auto`` picks bf16 on a CPU, decoding follows: an ``hf`` backend left at ``backend.dtype:
 auto`` decodes with bf16 matrix products (``backend.dtype=bfloat16``), the larger share of the
-saving on a real model (generation and evaluations); ``+precision=bf16`` (conf/precision/) sets the
+saving on a real model (generation and evaluations); ``precision=bf16`` (conf/precision/) sets the
 same two keys by hand. ``auto`` is an opt-in; the presets keep ``32-true`` until bf16 is shown to
 change no conclusion (sweeps/bf16_equivalence.yaml).
 """
