@@ -40,6 +40,13 @@ def cpu_bf16_units() -> list[str]:
     return units
 
 
+def on_gpu(accelerator: str) -> bool:
+    """Whether ``trainer.accelerator=accelerator`` trains on a GPU (``gpu``/``cuda``, or ``auto``
+    where CUDA is available)."""
+    accelerator = str(accelerator).lower()
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def choose(accelerator: str) -> tuple[str, str]:
     """``(precision, why)`` for ``trainer.accelerator=accelerator``.
 
@@ -48,7 +55,7 @@ def choose(accelerator: str) -> tuple[str, str]:
     and torch's kernels are not restricted below AVX-512.
     """
     accelerator = str(accelerator).lower()
-    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+    if on_gpu(accelerator):
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return BF16, f"the GPU ({torch.cuda.get_device_name(0)}) supports bf16"
         return FP32, "the GPU does not support bf16 (or none is visible)"
@@ -72,7 +79,7 @@ def resolve(cfg: DictConfig) -> str | None:
     accelerator = str(OmegaConf.select(cfg, "trainer.accelerator", default="cpu")).lower()
     precision, why = choose(accelerator)
     decode = ""
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    on_cpu = accelerator in ("cpu", AUTO) and not on_gpu(accelerator)
     backend = OmegaConf.select(cfg, "backend", default=None)
     with open_dict(cfg):
         cfg.trainer.precision = precision
