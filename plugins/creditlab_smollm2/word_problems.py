@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "precision": "bf16-mixed",
     "shipped": True,
     "save_every": 10,
+    "init": None,  # a shipped adapter's cache key: train on from it (a warm restart), not from LoRA's zero start
 }
 #: Arguments that change how fast a build runs, where it comes from or how it survives a kill, not
 #: what it is.
@@ -79,6 +80,9 @@ def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"smollm2_135m_word_problems: max_ops must be 1, 2 or 3, got {out['max_ops']!r}")
     if out["precision"] not in ("32", "bf16-mixed"):
         raise ValueError(f"smollm2_135m_word_problems: precision must be '32' or 'bf16-mixed', got {out['precision']!r}")
+    if out["init"] is not None and out["init"] not in shipped.manifest(SHIPPED):
+        raise ValueError(f"smollm2_135m_word_problems: init must be null or a shipped adapter's cache key "
+                         f"({sorted(shipped.manifest(SHIPPED))}), got {out['init']!r}")
     if not isinstance(out["shipped"], bool):
         raise ValueError(f"smollm2_135m_word_problems: shipped must be true or false, got {out['shipped']!r}")
     return out
@@ -87,10 +91,13 @@ def resolve_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
 def checkpoint_dir(args: Mapping[str, Any] | None = None) -> Path:
     """The cache folder of the merged model for ``args``: the hash covers this recipe's version,
     its arguments (speed and source aside), the converted base's own folder name and the training
-    file's sha256 (a rebuilt data set is another warm start, not the shipped one)."""
+    file's sha256 (a rebuilt data set is another warm start, not the shipped one); ``init``, where
+    given, names the adapter it trains on from, and so is part of it."""
     from creditlab_wordproblems.task import DATA
 
     resolved = {k: v for k, v in resolve_args(args).items() if k not in _NOT_IN_KEY}
+    if resolved["init"] is None:  # a build from LoRA's zero start keeps the key it had before init existed
+        del resolved["init"]
     base = convert.checkpoint_dir(resolved.pop("base")).name
     blob = json.dumps({"recipe": RECIPE_VERSION, "base": base, "args": resolved,
                        "train_data_sha256": shipped.sha256(DATA / "train.jsonl")}, sort_keys=True)
@@ -201,6 +208,8 @@ def _train(args: dict[str, Any], base: str, out_dir: Path, point: Path | None = 
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model = get_peft_model(model, LoraConfig(r=args["r"], lora_alpha=args["alpha"], lora_dropout=0.0,
                                                  target_modules="all-linear"))
+        if args["init"] is not None:
+            _load_adapter(model, args["init"], args["r"], args["alpha"])
 
         def validate() -> float:
             return greedy_accuracy(model, tokenizer, held, args["max_new_tokens"], encode)
@@ -221,6 +230,23 @@ def _train(args: dict[str, Any], base: str, out_dir: Path, point: Path | None = 
             "train_data_sha256": data_sha256,
             "train_problems": len(data), "validation_problems": n_val, "steps": steps,
             "seconds": round(time.time() - began), **info}
+
+
+def _load_adapter(model: Any, key: str, r: int, alpha: int) -> None:
+    """Set the LoRA weights of ``model`` (a fresh peft wrapper of rank ``r``) to the shipped adapter
+    ``key``'s, its files checked against their sha256; the ranks and scalings must agree."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = shipped.load(key, root=SHIPPED, weights="adapter_model.safetensors")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if (config["r"], config["lora_alpha"]) != (r, alpha):
+        raise ValueError(f"smollm2_135m_word_problems: init {key} has r {config['r']}, alpha {config['lora_alpha']}; "
+                         f"this build asks for r {r}, alpha {alpha}: give the same r and alpha")
+    result = set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    if result.unexpected_keys:
+        raise ValueError(f"smollm2_135m_word_problems: init {key} holds weights this model has no place for: "
+                         f"{result.unexpected_keys[:3]}")
 
 
 def greedy_accuracy(model: Any, tokenizer: Any, problems: list[Any], max_new_tokens: int, encode: Any,
