@@ -38,3 +38,30 @@ def test_eval_on_a_file_prints_both_lines(tmp_path, capsys):
     assert "greedy accuracy:" in out and "sampled accuracy:" in out
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 2
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft -> transformers
+def test_a_warm_restart_starts_from_the_shipped_adapter():
+    """``init``: a fresh LoRA wrapper takes the shipped adapter's weights, every one of them; an
+    adapter of another rank is refused, naming both."""
+    import torch
+    from creditlab_smollm2 import convert
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    key = wp.checkpoint_dir({}).name
+    base = convert.build_smollm2(wp.resolve_args({})["base"])
+
+    def fresh(r):
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        return get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear"))
+
+    model = fresh(16)
+    wp._load_adapter(model, key, 16, 32)
+    shipped = load_file(str(wp.SHIPPED / key / "adapter_model.safetensors"))
+    params = {name.replace(".default.", "."): p for name, p in model.named_parameters() if "lora_" in name}
+    assert len(params) == len(shipped) == 420
+    assert all(torch.equal(params[name], tensor) for name, tensor in shipped.items())
+    with pytest.raises(ValueError, match="has r 16, alpha 32; this build asks for r 8, alpha 16"):
+        wp._load_adapter(fresh(8), key, 8, 16)

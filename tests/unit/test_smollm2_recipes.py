@@ -100,6 +100,21 @@ def test_word_problem_cache_key_covers_the_training_file(tmp_path, monkeypatch):
     assert wp.checkpoint_dir({}) != base
 
 
+def test_word_problem_init_names_a_shipped_adapter():
+    """``init`` (a warm restart from a shipped adapter) is part of what a build is, while a build
+    from LoRA's zero start keeps the key the shipped adapter was built under; a key that does not
+    ship is refused naming the ones that do."""
+    from creditlab_smollm2 import word_problems as wp
+
+    base = wp.checkpoint_dir({})
+    assert base.name in wp.shipped.manifest(wp.SHIPPED)
+    assert wp.checkpoint_dir({"init": None}) == base
+    restart = wp.checkpoint_dir({"init": base.name})
+    assert restart != base and restart == wp.checkpoint_dir({"init": base.name, "threads": 1})
+    with pytest.raises(ValueError, match=r"init must be null or a shipped adapter's cache key \(\['smollm2_135m_"):
+        wp.resolve_args({"init": "smollm2_135m_word_problems-000000000000"})
+
+
 class _CharTokenizer:
     """Enough of a tokenizer for the example builder: one id per character."""
 
