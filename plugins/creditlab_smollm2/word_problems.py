@@ -19,7 +19,9 @@ machine.
 A build differs by CPU (long training amplifies rounding: ``docs/reproducing.md``), so the adapter
 that results are quoted for ships in ``warm_starts/<cache key>/`` (about 19 MiB; every file's sha256
 in ``warm_starts/manifest.json``, checked at load); the recipe uses it whenever its arguments name
-a shipped key, unless ``shipped: false`` asks for a rebuild.
+a shipped key, unless ``shipped: false`` asks for a rebuild. ``init`` (a shipped adapter's key)
+starts the LoRA weights from that adapter instead of LoRA's zero start: more epochs as a warm
+restart, each within a session (docs/real-problems.md, "A second epoch").
 """
 
 from __future__ import annotations
