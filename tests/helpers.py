@@ -225,3 +225,19 @@ def final_accuracies(results) -> dict:
         last = [json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines() if "eval/sample_accuracy" in x][-1]
         runs[run["name"]] = (last["step"], last["eval/sample_accuracy"])
     return runs
+
+
+def paired_outcomes(before: list[int], after: list[int]) -> tuple[int, int, float, float, float, float]:
+    """Two 0/1 outcome lists of the same problems: ``(gained, lost, mean difference, low, high,
+    p)``, with the paired difference's 95% Wald interval (sample sd over ``n - 1``) and the exact
+    two-sided McNemar p (a binomial test on the problems whose outcome changed). For the committed
+    per-problem results that tests recompute."""
+    from scipy import stats
+
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    n = len(d)
+    gained, lost = d.count(1), d.count(-1)
+    mean = sum(d) / n
+    half = 1.959964 * math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    p = stats.binomtest(gained, gained + lost).pvalue if gained + lost else 1.0
+    return gained, lost, mean, mean - half, mean + half, p
