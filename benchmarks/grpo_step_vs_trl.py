@@ -212,7 +212,10 @@ def run_creditlab(args, ckpt: str, rec: Recorder, info: dict) -> None:
         mode="clip", agg="seq-mean-token-mean", clip_eps_low=0.2, clip_eps_high=0.2,
         kl_coef=0.0, updates_per_batch=1, micro_batch_size=0, micro_batch_tokens=args.micro_batch_tokens,
     )
-    backend = HFBackend(model=model, tokenizer=tokenizer)
+    # bf16 on both sides: TRL's bf16=True generates under the same autocast as its update, so
+    # creditlab decodes in bf16 too (backend.dtype, as precision=bf16 sets it)
+    backend = HFBackend(HFBackend.Config(dtype="bfloat16" if args.dtype == "bf16" else "auto"),
+                        model=model, tokenizer=tokenizer)
     verifier = DigitFractionVerifier()
     strategy, sampler = PlainRolloutStrategy(rollout=rollout), RolloutSampler(rollout, backend, verifier)
     module = CreditAssignmentModule(
@@ -357,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both sides train (cuda: Lightning accelerator=gpu; TRL use_cpu=False)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                    help="training precision of both sides: fp32, or bf16 autocast (Lightning "
-                         "bf16-mixed; TRL bf16=True) with fp32 weights")
+                    help="precision of both sides: fp32, or bf16 autocast (Lightning "
+                         "bf16-mixed and backend.dtype=bfloat16; TRL bf16=True) with fp32 weights")
     ap.add_argument("--model", default=None,
                     help="a local model directory or a model recipe (e.g. smollm2_135m) instead of the "
                          "tiny Llama; its EOS is made unreachable so every completion is --new-tokens long")
