@@ -213,6 +213,19 @@ def load_script(relative: str):
     return module
 
 
+#: Metrics that measure time, not training: dropped before comparing runs for equality.
+VOLATILE_PREFIXES = ("wall", "time/")
+DURATION_SUFFIXES = ("_s", "seconds", "per_s")  # e.g. train/backend/seconds, .../tokens_per_s
+
+
+def stable(rows) -> list[dict]:
+    """``rows`` of metrics.jsonl without wall-clock metrics, for run-equality checks."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(VOLATILE_PREFIXES) and not k.endswith(DURATION_SUFFIXES)}
+        for r in rows
+    ]
+
+
 def final_accuracies(results) -> dict:
     """``{run name: (step, eval/sample_accuracy)}`` at each run's last evaluation, read from a
     committed ``creditlab compare`` results file (``results.jsonl.gz``)."""

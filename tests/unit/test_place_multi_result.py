@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies
+from tests.helpers import final_accuracies, stable
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "place_multi" / "results.jsonl.gz"
 
@@ -60,14 +60,8 @@ def test_its_fresh_grpo_runs_are_decompose_multis():
     """The same config and seeds, run three days apart on this machine: the same metrics, so the
     placement's baseline is the decomposition's, and the two folders agree where they overlap."""
     def grpo(path):
-        runs = {}
-        for line in gzip.open(path, "rt"):
-            run = json.loads(line)
-            if run["name"].startswith("grpo-"):
-                rows = [json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines()]
-                runs[run["name"]] = [{k: v for k, v in r.items() if k != "wall" and not k.startswith("time/")
-                                      and not k.endswith(("/seconds", "tokens_per_s"))} for r in rows]
-        return runs
+        return {run["name"]: stable(json.loads(x) for x in run["files"]["metrics.jsonl"].splitlines())
+                for run in map(json.loads, gzip.open(path, "rt")) if run["name"].startswith("grpo-")}
 
     fresh, earlier = grpo(RESULTS), grpo(RESULTS.parents[1] / "decompose_multi" / "results.jsonl.gz")
     assert sorted(fresh) == [f"grpo-seed{s}" for s in range(8)] and fresh == earlier
