@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from creditlab.run.loggers import read_metrics
 
-from tests.integration.conftest import SMALL, stable
+from tests.helpers import stable
+from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
 

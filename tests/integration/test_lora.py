@@ -11,7 +11,8 @@ from creditlab.run.compose import compose
 from creditlab.run.launch import run
 from creditlab.run.loggers import read_metrics
 
-from tests.integration.conftest import SMALL, stable
+from tests.helpers import stable
+from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import SMALL, stable
+from tests.helpers import stable
+from tests.integration.conftest import SMALL
 
 pytestmark = pytest.mark.slow
 

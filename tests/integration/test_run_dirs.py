@@ -24,7 +24,8 @@ from creditlab.run.loggers import read_metrics
 from creditlab.run.rundir_guard import RunDirError, RunDirLock, check_resume
 from omegaconf import OmegaConf
 
-from tests.integration.conftest import SMALL, stable
+from tests.helpers import stable
+from tests.integration.conftest import SMALL
 
 STEPS = ["trainer.max_steps=4"]
 CLI = [sys.executable, "-m", "creditlab.cli", "train"]
