@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"model: {args.model or 'the tiny Llama (4 layers, hidden 256)'}; device {args.device}, {args.dtype}")
     print(f"GRPO step: {args.prompts} prompts x {args.generations} completions x "
-          f"{args.new_tokens} new tokens, fp32, CPU, {args.threads} threads; "
+          f"{args.new_tokens} new tokens, {args.dtype}, {args.device.upper()}, {args.threads} threads; "
           f"{args.warmup} warm-up + {args.steps} measured steps per side"
           f"{', sides interleaved step by step' if len(active) == 2 else ''}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
