@@ -20,6 +20,7 @@ folder, for plug-in discovery tests.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import math
@@ -226,12 +227,18 @@ def stable(rows) -> list[dict]:
     ]
 
 
+def recompare(results: Path, out_dir: Path) -> dict:
+    """``creditlab compare`` on a committed results file alone, written to ``out_dir``: its
+    ``compare.json``, from which a card's table is checked."""
+    from creditlab.cli.compare_command import main as compare
+
+    compare([str(results), "--out", str(out_dir)])
+    return json.loads((out_dir / "compare.json").read_text())
+
+
 def final_accuracies(results) -> dict:
     """``{run name: (step, eval/sample_accuracy)}`` at each run's last evaluation, read from a
     committed ``creditlab compare`` results file (``results.jsonl.gz``)."""
-    import gzip
-    import json
-
     runs = {}
     for line in gzip.open(results, "rt"):
         run = json.loads(line)

@@ -5,13 +5,11 @@ and each seed's difference."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies
+from tests.helpers import final_accuracies, recompare
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "bf16_equivalence" / "results.jsonl.gz"
 
@@ -19,8 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_equivalence_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     assert prereg["declaration"]["baseline"] == "32-true" and prereg["declaration"]["seeds"] == list(range(40, 52))
     assert prereg["declaration"]["by"] == ["trainer.precision"]

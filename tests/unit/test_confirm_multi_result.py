@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies
+from tests.helpers import final_accuracies, recompare
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "confirm_multi" / "results.jsonl.gz"
 
@@ -21,8 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_card_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     assert prereg["declaration"]["baseline"] == "grpo" and prereg["declaration"]["min_seeds"] == 12
     assert prereg["source"].startswith("config.yaml of 24 run(s)") and prereg["deviations"] == [] and out["later_declaration"] is None

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies
+from tests.helpers import final_accuracies, recompare
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "decompose_multi" / "results.jsonl.gz"
 
@@ -35,8 +34,7 @@ SEEDS = {  # method - GRPO at step 100, seeds 0-7
 
 
 def test_the_card_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     declared = prereg["declaration"]
     assert declared["baseline"] == "grpo" and declared["min_seeds"] == 8 and prereg["holm"] is True

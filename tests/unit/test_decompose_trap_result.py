@@ -5,12 +5,11 @@ Holm p and verdict, and the finals."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
+from tests.helpers import recompare
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "decompose_trap" / "results.jsonl.gz"
 
@@ -28,8 +27,7 @@ CARD = {
 
 
 def test_the_card_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     assert prereg["declaration"]["baseline"] == "grpo" and prereg["holm"] is True
     assert prereg["source"].startswith("config.yaml of 48 run(s)") and prereg["deviations"] == []

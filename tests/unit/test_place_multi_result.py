@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies, stable
+from tests.helpers import final_accuracies, recompare, stable
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "place_multi" / "results.jsonl.gz"
 
@@ -31,8 +30,7 @@ CARD = {
 
 
 def test_the_placement_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     declared = prereg["declaration"]
     assert declared["baseline"] == "grpo" and declared["min_seeds"] == 8 and prereg["holm"] is True

@@ -5,13 +5,11 @@ difference, its interval, the exact p and the verdict, and each seed's differenc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from creditlab.cli.compare_command import main as compare
-from tests.helpers import final_accuracies
+from tests.helpers import final_accuracies, recompare
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "methods" / "img" / "sham_multi" / "results.jsonl.gz"
 
@@ -19,8 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_card_follows_from_the_committed_runs(tmp_path):
-    compare([str(RESULTS), "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "compare.json").read_text())
+    out = recompare(RESULTS, tmp_path)
     prereg = out["preregistration"]
     assert prereg["declaration"]["baseline"] == "sham_credit" and prereg["declaration"]["seeds"] == list(range(20, 36))
     assert prereg["source"].startswith("config.yaml of 32 run(s)") and prereg["deviations"] == [] and out["later_declaration"] is None
