@@ -25,6 +25,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import string
 import textwrap
 from pathlib import Path
@@ -206,10 +207,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load_script(relative: str):
     """The module of the script at ``ROOT / relative`` (e.g. ``"sweeps/blame_share.py"``),
-    executed once under its file name, so tests call its functions directly."""
+    executed once under its file name, so tests call its functions directly. It is registered in
+    ``sys.modules`` under that name, as an import would be (dataclasses look their module up there)."""
     path = ROOT / relative
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
 
