@@ -107,13 +107,11 @@ def probe() -> Iterator[list[Batch]]:
     batches: list[Batch] = []
     current: list[Batch] = []
     saved: list[tuple[Any, str, Any]] = []
-    forward_kwargs: list[dict[str, Any]] = [{}]  # the latest wrapped call's keyword arguments
 
-    def timed(owner: Any, name: str, part: str, record: Callable[[Batch, tuple, Any, float], None] | None = None):
+    def timed(owner: Any, name: str, part: str, record: Callable[[Batch, tuple, dict[str, Any], float], None] | None = None):
         original = getattr(owner, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            forward_kwargs[:] = [kwargs]
             start = time.perf_counter()
             out = original(*args, **kwargs)
             seconds = time.perf_counter() - start
@@ -121,19 +119,19 @@ def probe() -> Iterator[list[Batch]]:
                 batch = current[-1]
                 batch.parts[part] = batch.parts.get(part, 0.0) + seconds
                 if record is not None:
-                    record(batch, args, out, seconds)
+                    record(batch, args, kwargs, seconds)
             return out
 
         saved.append((owner, name, original))
         setattr(owner, name, wrapper)
 
-    def forward(batch: Batch, args: tuple, out: Any, seconds: float) -> None:
-        mask = forward_kwargs[-1].get("attention_mask")
+    def forward(batch: Batch, args: tuple, kwargs: dict[str, Any], seconds: float) -> None:
+        mask = kwargs.get("attention_mask")
         if mask is not None:
             batch.prefilled += mask.numel()
             batch.padding += int((mask == 0).sum())
 
-    def step(batch: Batch, args: tuple, out: Any, seconds: float) -> None:
+    def step(batch: Batch, args: tuple, kwargs: dict[str, Any], seconds: float) -> None:
         batch.steps.append((int(args[1].shape[0]), seconds))  # args: (self, tokens (A,), positions)
 
     original_batch = hf.HFBackend._generate_batch

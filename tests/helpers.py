@@ -25,8 +25,8 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import string
+import sys
 import textwrap
 from pathlib import Path
 

@@ -51,3 +51,17 @@ def test_probe_wraps_the_backend_parts_and_puts_them_back(bench):
         assert batches == []
         assert all(getattr(owner, name) is not b for (owner, name), b in zip(names, before))
     assert [getattr(owner, name) for owner, name in names] == before
+
+
+def test_an_evaluation_of_the_tiny_model_is_broken_down(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # creditlab eval writes eval/ here
+    with bench.probe() as batches:
+        from creditlab.cli import main
+
+        main(["eval", "--problems", "4", "--samples", "2"])
+    assert [(b.rows, b.greedy) for b in batches] == [(4, True), (8, False)]
+    for b in batches:
+        assert b.steps and max(r for r, _ in b.steps) <= b.rows  # fused steps, at most the batch's rows
+        assert b.parts["prefill"] > 0 and b.prefilled >= b.padding >= 0
+        assert len(b.lengths) == b.rows
+    assert "| all | 12 |" in bench.report(batches, 1.0)
